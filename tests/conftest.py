@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny models built from config (never downloaded), the char tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def char_tok():
+    from distill.models.tiny import char_tokenizer
+
+    return char_tokenizer()
+
+
+def _tiny_lm(vocab_size: int, hidden: int, layers: int, seed: int):
+    from transformers import LlamaForCausalLM
+
+    from distill.models.tiny import llama_config
+
+    torch.manual_seed(seed)
+    cfg = llama_config(vocab_size=vocab_size, hidden_size=hidden, num_layers=layers, num_heads=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def tiny_teacher(char_tok):
+    """Random 2x64 Llama whose embedding is padded past the tokenizer (128 rows vs 100 tokens)."""
+    return _tiny_lm(128, 64, 2, seed=1)
+
+
+@pytest.fixture
+def tiny_student(char_tok):
+    """Random 1x32 Llama with a differently padded embedding (112 rows)."""
+    return _tiny_lm(112, 32, 1, seed=2)
