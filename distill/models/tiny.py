@@ -6,22 +6,29 @@ The tokenizer is a standard Hugging Face fast tokenizer (WordLevel over single c
 
 from __future__ import annotations
 
+import re
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+# Countdown's tags are single tokens (as in many hub vocabularies): the tiny models then spend no
+# capacity or compute on spelling them. Decoding still yields the plain strings.
+TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 # Printable ASCII plus newline: everything the tiny world's tasks write.
 CHARS = tuple(chr(i) for i in range(32, 127)) + ("\n",)
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: ids 0-3 are pad/bos/eos/unk, then one id per character.
+    """A character-level tokenizer: ids 0-3 are pad/bos/eos/unk, 4-7 Countdown's tags, then one id
+    per character (104 in all).
 
     Encoding prepends `<bos>`; padding is on the left (decoder-only generation).
     """
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + TAG_TOKENS + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tags = "|".join(re.escape(t) for t in TAG_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{tags}|[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
