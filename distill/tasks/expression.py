@@ -114,8 +114,8 @@ def parse(
                 start = i
                 while i < n and text[i] in _DIGITS:
                     i += 1
-                if i - start > max_literal_digits:
-                    return None
+                    if i - start > max_literal_digits:  # stop at once: the digit run may be huge
+                        return None
                 literal = int(text[start:i])
                 literals.append(literal)
                 values.append(Fraction(literal))
