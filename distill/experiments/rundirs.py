@@ -1,0 +1,103 @@
+"""Run directories: what makes a run finished, how an unfinished one is prepared, its fit command.
+
+A run directory written by the sweep runner holds, before the fit starts, `overrides.yaml` (the
+run's config overrides, passed to fit as the last `--config`) and `settings.json` (the knob values
+by axis name, which the report reads). The fit then writes `config.yaml`, `env.json`,
+`checkpoints/`, `tensorboard/`, `student/`, and last, atomically, `metrics.json`.
+
+A run is finished iff its `metrics.json` parses and has `"status": "finished"`. Finished runs are
+never touched. An unfinished run resumes from `checkpoints/last.ckpt` when there is one;
+otherwise its partial contents are cleared and it starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from distill.experiments.spec import Run, nest
+
+METRICS = "metrics.json"
+SETTINGS = "settings.json"
+OVERRIDES = "overrides.yaml"
+LAST_CKPT = Path("checkpoints") / "last.ckpt"
+FIT_LOG = "fit.log"
+DEFAULT_FIT_PREFIX = (sys.executable, "-m", "distill.cli", "fit")
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """The parsed `metrics.json` of a run, or None when it is missing, truncated or not a mapping."""
+    try:
+        data = json.loads((Path(run_dir) / METRICS).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_finished(run_dir: Path) -> bool:
+    data = read_metrics(run_dir)
+    return data is not None and data.get("status") == "finished"
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    ckpt = Path(run_dir) / LAST_CKPT
+    return ckpt if ckpt.is_file() else None
+
+
+def run_state(run_dir: Path) -> str:
+    """'done' (finished), 'resume' (has last.ckpt) or 'todo' (fresh start)."""
+    if is_finished(run_dir):
+        return "done"
+    return "resume" if resume_checkpoint(run_dir) else "todo"
+
+
+def fit_command(
+    run: Run, base: list[Path], prefix: tuple[str, ...] | list[str] = DEFAULT_FIT_PREFIX
+) -> list[str]:
+    """`<prefix> --config <base>... --config <run_dir>/overrides.yaml --run_dir <run_dir>
+    [--ckpt_path <run_dir>/checkpoints/last.ckpt]` (the checkpoint only when it exists)."""
+    cmd = list(prefix)
+    for path in base:
+        cmd += ["--config", str(path)]
+    cmd += ["--config", str(run.run_dir / OVERRIDES), "--run_dir", str(run.run_dir)]
+    ckpt = resume_checkpoint(run.run_dir)
+    if ckpt is not None:
+        cmd += ["--ckpt_path", str(ckpt)]
+    return cmd
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def prepare_run_dir(run: Run, sweep_name: str) -> str:
+    """Make an unfinished run's directory ready to launch and return its state ('resume'/'todo').
+
+    Refuses (ValueError) to touch a finished run. Without a resume checkpoint every partial
+    file is removed first, so a fresh start never sees leftovers of a killed attempt."""
+    run_dir = run.run_dir
+    if is_finished(run_dir):
+        raise ValueError(f"run {run.name!r} is finished; its directory {run_dir} is never rewritten")
+    state = "resume" if resume_checkpoint(run_dir) else "todo"
+    if state == "todo" and run_dir.exists():
+        for child in run_dir.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    elif state == "resume":
+        # A truncated metrics.json from the killed attempt must not outlive the resumed fit.
+        (run_dir / METRICS).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(run_dir / OVERRIDES, yaml.safe_dump(nest(run.overrides), sort_keys=False))
+    record = {"sweep": sweep_name, "name": run.name, "settings": run.settings, "overrides": run.overrides}
+    _atomic_write(run_dir / SETTINGS, json.dumps(record, indent=2) + "\n")
+    return state

@@ -1,0 +1,143 @@
+"""`distill sweep SPEC --emit-slurm FILE`: a SLURM job-array script with one array task per run.
+
+Two files are written: FILE (the sbatch script) and, beside it, FILE with suffix `.commands`,
+one line per run: `python -m distill.cli sweep SPEC --out OUT --only NAME`. Array task i runs
+line i + 1 through the sweep runner, so a finished run is skipped and an interrupted one resumes
+from its `last.ckpt`, exactly as in a local sweep. Task logs go to `<out>/slurm/%A_%a.out`.
+
+sbatch options come from the spec's `slurm:` section, overridden by command-line flags:
+`partition`, `account`, `gpus`, `cpus_per_task`, `mem`, `time`, `max_parallel` (the array's
+`%N` throttle), `extra` (a list of further sbatch options, e.g. `--qos=high`) and `setup` (shell
+lines run before the task, e.g. `source .venv/bin/activate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from distill.experiments.spec import Run, SweepSpec
+
+OPTION_FLAGS = {  # spec key -> sbatch option
+    "partition": "--partition",
+    "account": "--account",
+    "gpus": "--gpus",
+    "cpus_per_task": "--cpus-per-task",
+    "mem": "--mem",
+    "time": "--time",
+}
+LIST_KEYS = ("extra", "setup")
+SLURM_KEYS = (*OPTION_FLAGS, "max_parallel", *LIST_KEYS)
+
+
+def add_slurm_arguments(group: argparse._ArgumentGroup) -> None:
+    for key, flag in OPTION_FLAGS.items():
+        group.add_argument(flag, dest=f"slurm_{key}", metavar=key.upper(), help=f"sbatch {flag}")
+    group.add_argument(
+        "--max-parallel", dest="slurm_max_parallel", type=int, metavar="N", help="array throttle (%%N)"
+    )
+    group.add_argument(
+        "--sbatch",
+        dest="slurm_extra",
+        action="append",
+        metavar="OPTION",
+        help="extra sbatch option, written --sbatch=--qos=high (repeatable)",
+    )
+
+
+def slurm_options(section: dict[str, Any], args: argparse.Namespace | None = None) -> dict[str, Any]:
+    """Merge the spec's `slurm:` section with command-line flags; raises ValueError on bad keys."""
+    unknown = sorted(set(section) - set(SLURM_KEYS))
+    if unknown:
+        raise ValueError(f"slurm: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SLURM_KEYS)}")
+    options = dict(section)
+    for key in LIST_KEYS:
+        value = options.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"slurm.{key}: expected a list of strings, got {value!r}")
+    for key in (*OPTION_FLAGS, "max_parallel"):
+        value = options.get(key)
+        if value is not None and (isinstance(value, (bool, dict, list)) or str(value).strip() == ""):
+            raise ValueError(f"slurm.{key}: expected a string or number, got {value!r}")
+    if args is not None:
+        for key in (*OPTION_FLAGS, "max_parallel"):
+            if getattr(args, f"slurm_{key}", None) is not None:
+                options[key] = getattr(args, f"slurm_{key}")
+        options["extra"] = list(options.get("extra", [])) + list(getattr(args, "slurm_extra", None) or [])
+    max_parallel = options.get("max_parallel")
+    if max_parallel is not None and (not str(max_parallel).isdigit() or int(max_parallel) < 1):
+        raise ValueError(f"slurm.max_parallel: expected a positive integer, got {max_parallel!r}")
+    return options
+
+
+def task_command(spec: SweepSpec, run: Run, fit_prefix: list[str] | None = None) -> list[str]:
+    """The command of one array task: the sweep runner restricted to one run."""
+    if spec.path is None:
+        raise ValueError("--emit-slurm needs a spec read from a file (the tasks re-read it)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "distill.cli",
+        "sweep",
+        str(spec.path),
+        "--out",
+        str(spec.out),
+        "--only",
+        run.name,
+    ]
+    if fit_prefix is not None:
+        cmd += ["--fit-prefix", shlex.join(fit_prefix)]
+    return cmd
+
+
+def render_script(spec: SweepSpec, n_tasks: int, commands: Path, options: dict[str, Any]) -> str:
+    array = f"0-{n_tasks - 1}"
+    if options.get("max_parallel") is not None:
+        array += f"%{int(options['max_parallel'])}"
+    lines = [
+        "#!/bin/bash",
+        f"# Written by: distill sweep {spec.path} --emit-slurm; submit with: sbatch <this file>",
+        "# Task i runs line i+1 of the commands file; finished runs are skipped, killed ones resume.",
+        f"#SBATCH --job-name={spec.name}",
+        f"#SBATCH --array={array}",
+        f"#SBATCH --output={spec.out / 'slurm' / '%A_%a.out'}",
+    ]
+    lines += [
+        f"#SBATCH {flag}={options[key]}" for key, flag in OPTION_FLAGS.items() if options.get(key) is not None
+    ]
+    lines += [f"#SBATCH {option}" for option in options.get("extra", [])]
+    lines += ["", "set -euo pipefail", f"cd {shlex.quote(os.getcwd())}", *options.get("setup", [])]
+    lines += [
+        f"COMMANDS={shlex.quote(str(commands))}",
+        'line=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$COMMANDS")',
+        'if [ -z "$line" ]; then echo "no line $((SLURM_ARRAY_TASK_ID + 1)) in $COMMANDS" >&2; exit 2; fi',
+        'echo "task $SLURM_ARRAY_TASK_ID: $line"',
+        'eval "$line"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_slurm(
+    spec: SweepSpec,
+    runs: list[Run],
+    script: Path,
+    options: dict[str, Any],
+    fit_prefix: list[str] | None = None,
+) -> tuple[Path, Path]:
+    """Write the sbatch script and its commands file; returns both paths. Runs nothing."""
+    if not runs:
+        raise ValueError("no runs to put in a job array")
+    script = Path(script).resolve()
+    commands = script.with_suffix(".commands")
+    if commands == script:
+        raise ValueError(f"--emit-slurm {script}: the script may not itself end in .commands")
+    script.parent.mkdir(parents=True, exist_ok=True)
+    (spec.out / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create --output dirs
+    commands.write_text("".join(shlex.join(task_command(spec, run, fit_prefix)) + "\n" for run in runs))
+    script.write_text(render_script(spec, len(runs), commands, options))
+    script.chmod(0o755)
+    return script, commands

@@ -1,0 +1,369 @@
+"""Sweep specs: parsing, validation and expansion into runs.
+
+A spec is a YAML file, run with `distill sweep SPEC`::
+
+    # distill sweep experiments/tiny_grid.yaml
+    name: tiny_grid                      # required; [A-Za-z0-9_.-]+
+    base: configs/tiny/base.yaml         # one config file or a list (later ones override earlier)
+    out: experiments/runs/tiny_grid      # optional; default experiments/runs/<name>
+    overrides:                           # optional fixed dotted overrides for every run
+      trainer.max_steps: 60
+    axes:                                # the grid: the cartesian product of all value lists
+      mix: [0, 0.25, 0.5, 0.75, 1]
+      divergence: [forward_kl, reverse_kl]
+      lr: [1.0e-4, 3.0e-4, 1.0e-3]
+      seed: [0, 1]
+    slurm:                               # optional defaults for --emit-slurm (flags override)
+      partition: gpu
+      gpus: 1
+      time: "04:00:00"
+
+Relative paths (`base`, `out`) resolve against the current working directory, which is the
+repository root for every command in this project; they are made absolute before any command
+is built, so the commands also work from elsewhere (e.g. a SLURM node).
+
+An axis is a shorthand from `SHORTHANDS` or a dotted path into the fit config tree whose first
+segment is one of `ROOTS` (e.g. `data.max_new_tokens`, `model.divergence.init_args.beta`).
+Shorthand values are checked (e.g. `divergence` must name an entry of `DIVERGENCES`; `mix` must
+lie in [0, 1]); values of dotted axes are passed through as they are.
+
+Each run gets the directory `<out>/<name>`, where the name lists the settings sorted by axis,
+e.g. `divergence=forward_kl,lr=3e-4,mix=0.25,seed=0` (floats in their shortest form that reads
+back to the same number). A dotted axis appears under its full path unless it has a shorthand.
+
+Chained stages (e.g. GRPO from each distilled student) are reserved for a later `stages:` list;
+a spec that has one is rejected rather than silently run as a single stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DIVERGENCES: dict[str, str] = {
+    "forward_kl": "distill.losses.ForwardKL",
+    "reverse_kl": "distill.losses.ReverseKL",
+    "jsd": "distill.losses.GeneralizedJSD",
+    "skew_kl": "distill.losses.SkewKL",
+    "skew_reverse_kl": "distill.losses.SkewReverseKL",
+    "tvd": "distill.losses.TotalVariation",
+    "interpolated_kl": "distill.losses.InterpolatedKL",
+}
+GRANULARITIES = ("batch", "sequence", "token", "speculative")
+ESTIMATORS = ("exact", "k1", "k2", "k3", "topk")
+ROOTS = ("trainer", "model", "data")
+# Keys the runner itself sets on the command line; an axis or override may not set them.
+RESERVED_PATHS = ("run_dir", "ckpt_path")
+SPEC_KEYS = ("name", "base", "out", "overrides", "axes", "slurm")
+
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,@-]")
+MAX_NAME = 200
+
+
+class SpecError(ValueError):
+    """A sweep spec that cannot be run; the message names the field, the value and what is allowed."""
+
+
+def _number(axis: str, value: Any, low: float | None = None, high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(f"axis {axis!r}: value {value!r} must be a finite number")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise SpecError(f"axis {axis!r}: value {value!r} must lie in [{low}, {high}]")
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], None]:
+    def check(axis: str, value: Any) -> None:
+        if value not in choices:
+            raise SpecError(f"axis {axis!r}: unknown value {value!r}; allowed: {', '.join(choices)}")
+
+    return check
+
+
+def _seed(axis: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"axis {axis!r}: value {value!r} must be a non-negative integer")
+
+
+def _text(axis: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"axis {axis!r}: value {value!r} must be a non-empty string")
+
+
+def _positive(axis: str, value: Any) -> None:
+    _number(axis, value)
+    if value <= 0:
+        raise SpecError(f"axis {axis!r}: value {value!r} must be > 0")
+
+
+def _clip(axis: str, value: Any) -> None:
+    if value is not None:
+        _number(axis, value, low=0)
+
+
+@dataclass(frozen=True)
+class Shorthand:
+    path: str
+    check: Callable[[str, Any], None]
+    to_config: Callable[[Any], Any] = lambda value: value
+
+
+SHORTHANDS: dict[str, Shorthand] = {
+    "mix": Shorthand("data.mix", lambda a, v: _number(a, v, 0, 1)),
+    "granularity": Shorthand("data.granularity", _choice(GRANULARITIES)),
+    "task": Shorthand("data.task", _text),
+    "lr": Shorthand("model.optimizer.init_args.lr", _positive),
+    "seed": Shorthand("seed_everything", _seed),
+    "estimator": Shorthand("model.divergence.init_args.estimator", _choice(ESTIMATORS)),
+    "gradient_clip": Shorthand("trainer.gradient_clip_val", _clip),
+    "divergence": Shorthand("model.divergence.class_path", _choice(tuple(DIVERGENCES)), DIVERGENCES.get),
+}
+PATH_TO_SHORTHAND = {s.path: name for name, s in SHORTHANDS.items()}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One fit of a sweep: `settings` are the knob values by axis name (shorthand where one
+    exists, values as in the spec); `overrides` are the dotted config values (fixed + axes)."""
+
+    name: str
+    run_dir: Path
+    settings: dict[str, Any]
+    overrides: dict[str, Any]
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    base: list[Path]
+    out: Path
+    axes: dict[str, list[Any]]  # canonical axis name -> values, in spec order
+    overrides: dict[str, Any] = field(default_factory=dict)
+    slurm: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+
+
+def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    keys = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in keys:
+            raise SpecError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+        keys.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+# YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def format_value(value: Any) -> str:
+    """The text of a value in a run name: floats in the shortest form that parses back exactly."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float):
+        best = repr(value)
+        for digits in range(17):
+            mantissa, exponent = f"{value:.{digits}e}".split("e")
+            text = f"{mantissa}e{int(exponent)}"
+            if float(text) == value and len(text) < len(best):
+                best = text
+        return best
+    return str(value)
+
+
+def run_name(settings: dict[str, Any]) -> str:
+    """Readable, filesystem-safe name of a run from its settings (sorted by axis name)."""
+    parts = [f"{axis}={format_value(settings[axis])}" for axis in sorted(settings)]
+    name = _UNSAFE.sub("_", ",".join(parts)) or "default"
+    if len(name) > MAX_NAME:  # keep under filesystem limits; the hash keeps names distinct
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+        name = f"{name[: MAX_NAME - 13]}~{digest}"
+    return name
+
+
+def canonical_axis(axis: Any) -> tuple[str, str]:
+    """(canonical name, dotted config path) of an axis or override key; raises SpecError."""
+    if not isinstance(axis, str) or not axis:
+        raise SpecError(f"axis {axis!r}: must be a non-empty string")
+    if axis in SHORTHANDS:
+        return axis, SHORTHANDS[axis].path
+    if axis in PATH_TO_SHORTHAND:
+        return PATH_TO_SHORTHAND[axis], axis
+    if axis in RESERVED_PATHS:
+        raise SpecError(f"axis {axis!r}: set by the sweep runner itself, not by a spec")
+    if "." not in axis:
+        raise SpecError(
+            f"unknown axis {axis!r}: use a shorthand ({', '.join(SHORTHANDS)}) "
+            f"or a dotted config path such as data.max_new_tokens"
+        )
+    if not _DOTTED.match(axis) or axis.split(".")[0] not in ROOTS:
+        raise SpecError(
+            f"axis {axis!r}: malformed config path; expected dotted identifiers starting with "
+            f"one of {', '.join(ROOTS)} (e.g. model.divergence.init_args.beta)"
+        )
+    return axis, axis
+
+
+def config_value(axis: str, value: Any) -> Any:
+    """The value written into the config for a canonical axis (divergence names -> class paths)."""
+    return SHORTHANDS[axis].to_config(value) if axis in SHORTHANDS else value
+
+
+def nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    """{'a.b': 1, 'a.c': 2} -> {'a': {'b': 1, 'c': 2}}; raises SpecError when paths collide."""
+    tree: dict[str, Any] = {}
+    for path, value in dotted.items():
+        node, parts = tree, path.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"config path {path!r} runs through {part!r}, which is itself set")
+            node = child
+        if parts[-1] in node:
+            raise SpecError(f"config path {path!r} is set twice or is a prefix of another path")
+        node[parts[-1]] = value
+    return tree
+
+
+def _check_scalar(axis: str, value: Any) -> None:
+    if not (value is None or isinstance(value, (str, int, float, bool))):
+        raise SpecError(f"axis {axis!r}: value {value!r} must be a scalar (number, string, bool, null)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as settings: same run-name text, or equal numbers (0 and 0.0)."""
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    return format_value(a) == format_value(b) or (numbers and a == b)
+
+
+def _parse_axes(raw: Any) -> dict[str, list[Any]]:
+    if not isinstance(raw, dict) or not raw:
+        raise SpecError(f"'axes' must be a non-empty mapping of axis -> list of values, got {raw!r}")
+    axes: dict[str, list[Any]] = {}
+    paths: dict[str, str] = {}
+    for axis, values in raw.items():
+        name, path = canonical_axis(axis)
+        if path in paths:
+            raise SpecError(f"duplicate axis {axis!r}: sets {path}, as axis {paths[path]!r} already does")
+        paths[path] = axis
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"axis {axis!r}: expected a non-empty list of values, got {values!r}")
+        for value in values:
+            _check_scalar(axis, value)
+            if name in SHORTHANDS:
+                SHORTHANDS[name].check(axis, value)
+        repeated = sorted({format_value(v) for i, v in enumerate(values) for w in values[:i] if _same(v, w)})
+        if repeated:
+            raise SpecError(f"axis {axis!r}: repeated value(s) {', '.join(repeated)}")
+        axes[name] = values
+    return axes
+
+
+def _parse_overrides(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"'overrides' must be a mapping of dotted config path -> value, got {raw!r}")
+    out = {}
+    for key, value in raw.items():
+        name, path = canonical_axis(key)
+        if path in out:
+            raise SpecError(f"override {key!r}: sets {path} twice")
+        if name in SHORTHANDS:
+            SHORTHANDS[name].check(key, value)
+        out[path] = config_value(name, value)
+    return out
+
+
+def _paths(raw: Any, field_name: str, root: Path) -> list[Path]:
+    items = raw if isinstance(raw, list) else [raw]
+    if not items or not all(isinstance(p, str) and p for p in items):
+        raise SpecError(f"{field_name!r} must be a config path or a non-empty list of paths, got {raw!r}")
+    return [(root / p).resolve() for p in items]
+
+
+def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) -> SweepSpec:
+    """Validate a spec mapping (as loaded from YAML); relative paths resolve against `root` (cwd)."""
+    root = Path.cwd() if root is None else root
+    if not isinstance(data, dict):
+        raise SpecError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
+    if "stages" in data:
+        raise SpecError("'stages' (chained stages, e.g. GRPO after distillation) is not supported yet")
+    unknown = sorted(set(data) - set(SPEC_KEYS))
+    if unknown:
+        raise SpecError(
+            f"unknown spec key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(SPEC_KEYS)}"
+        )
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SpecError(f"'name' must match [A-Za-z0-9_.-]+, got {name!r}")
+    if "base" not in data:
+        raise SpecError("'base' is required: the fit config file(s) every run starts from")
+    base = _paths(data["base"], "base", root)
+    out = _paths(data.get("out", f"experiments/runs/{name}"), "out", root)
+    if len(out) != 1:
+        raise SpecError(f"'out' must be a single directory, got {data.get('out')!r}")
+    axes = _parse_axes(data.get("axes"))
+    overrides = _parse_overrides(data.get("overrides"))
+    for axis in axes:
+        axis_path = SHORTHANDS[axis].path if axis in SHORTHANDS else axis
+        if axis_path in overrides:
+            raise SpecError(f"axis {axis!r} sets {axis_path}, which 'overrides' fixes as well")
+    slurm = data.get("slurm") or {}
+    if not isinstance(slurm, dict):
+        raise SpecError(f"'slurm' must be a mapping of sbatch options, got {slurm!r}")
+    spec = SweepSpec(name, base, out[0], axes, overrides, dict(slurm), path)
+    expand(spec)  # surface path collisions and name clashes now, before anything runs
+    return spec
+
+
+def load_spec(path: str | Path, out: str | Path | None = None) -> SweepSpec:
+    """Read and validate a spec file; `out` replaces the spec's output directory."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"sweep spec {str(path)!r} does not exist")
+    try:
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        raise SpecError(f"sweep spec {str(path)!r} is not valid YAML: {err}") from err
+    spec = parse_spec(data, path=path.resolve())
+    if out is not None:
+        spec.out = Path(out).resolve()
+    return spec
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """All runs of the grid, in spec order (the last axis varies fastest)."""
+    names = list(spec.axes)
+    runs, seen = [], {}
+    for combo in itertools.product(*(spec.axes[a] for a in names)):
+        settings = dict(zip(names, combo))
+        overrides = dict(spec.overrides)
+        for axis, value in settings.items():
+            overrides[SHORTHANDS[axis].path if axis in SHORTHANDS else axis] = config_value(axis, value)
+        nest(overrides)
+        name = run_name(settings)
+        if name in seen:
+            raise SpecError(f"settings {settings} and {seen[name]} give the same run name {name!r}")
+        seen[name] = settings
+        runs.append(Run(name, spec.out / name, settings, overrides))
+    return runs

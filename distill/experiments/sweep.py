@@ -1,0 +1,229 @@
+"""`distill sweep SPEC`: run every fit of a sweep spec, resumably (spec format: `distill.experiments.spec`).
+
+Finished runs are skipped; a killed run resumes from its `checkpoints/last.ckpt` or restarts
+afresh (see `distill.experiments.rundirs`). Each fit runs as a subprocess with its output in
+`<run_dir>/fit.log` and `DISTILL_ROLLOUT_CACHE=<out>/rollout_cache`, so teacher rollouts are
+shared across runs. A failed run is reported and the sweep goes on; the exit code is 1 if any
+run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from distill.experiments import rundirs
+from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
+from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
+
+ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
+POLL_S = 0.1
+
+
+@dataclass
+class SweepResult:
+    skipped: list[str] = field(default_factory=list)  # already finished before this invocation
+    finished: list[str] = field(default_factory=list)
+    failed: list[tuple[str, int, Path]] = field(default_factory=list)  # name, exit code, log
+
+
+class Progress:
+    """One status line: done / running / left / failed, rewritten in place on a terminal."""
+
+    def __init__(self, total: int, stream: TextIO):
+        self.total, self.stream = total, stream
+        self.done = self.running = self.failed = 0
+        self.tty = stream.isatty()
+
+    def show(self) -> None:
+        left = self.total - self.done - self.running - self.failed
+        line = f"[sweep] {self.done}/{self.total} done, {self.running} running, {left} left, {self.failed} failed"
+        self.stream.write(f"\r{line}\033[K" if self.tty else line + "\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
+        self.show()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
+    spec.out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "name": spec.name,
+        "spec": str(spec.path) if spec.path else None,
+        "base": [str(p) for p in spec.base],
+        "axes": spec.axes,
+        "overrides": spec.overrides,
+        "runs": [run.name for run in runs],
+    }
+    tmp = spec.out / "sweep.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, spec.out / "sweep.json")
+
+
+def run_sweep(
+    spec: SweepSpec,
+    runs: list[Run],
+    jobs: int = 1,
+    fit_prefix: Sequence[str] = rundirs.DEFAULT_FIT_PREFIX,
+    stream: TextIO | None = None,
+) -> SweepResult:
+    """Run the unfinished `runs`, at most `jobs` at once; returns what was skipped, finished, failed."""
+    stream = sys.stdout if stream is None else stream
+    result = SweepResult()
+    _write_sweep_record(spec, runs)
+    env = dict(os.environ, **{ROLLOUT_CACHE_ENV: str(spec.out / "rollout_cache")})
+    pending = []
+    for run in runs:
+        (result.skipped if rundirs.is_finished(run.run_dir) else pending).append(run)
+    progress = Progress(len(runs), stream)
+    progress.done = len(result.skipped)
+    if result.skipped:
+        progress.message(f"[sweep] {len(result.skipped)} run(s) already finished, skipped")
+    pending.reverse()  # pop() from the end keeps spec order
+    active: dict[str, tuple[subprocess.Popen, Run, Path]] = {}
+    try:
+        while pending or active:
+            while pending and len(active) < jobs:
+                run = pending.pop()
+                state = rundirs.prepare_run_dir(run, spec.name)
+                cmd = rundirs.fit_command(run, spec.base, fit_prefix)
+                log_path = run.run_dir / rundirs.FIT_LOG
+                with open(log_path, "a" if state == "resume" else "w") as log:
+                    log.write(f"$ {shlex.join(cmd)}\n")
+                    log.flush()
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                active[run.name] = (proc, run, log_path)
+                progress.running += 1
+                progress.show()
+            time.sleep(POLL_S)
+            for name, (proc, run, log_path) in list(active.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del active[name]
+                progress.running -= 1
+                if code == 0 and rundirs.is_finished(run.run_dir):
+                    result.finished.append(name)
+                    progress.done += 1
+                    progress.show()
+                    continue
+                if code == 0:  # exited cleanly but never wrote a finished metrics.json
+                    code = -1
+                result.failed.append((name, code, log_path))
+                progress.failed += 1
+                why = "no finished metrics.json" if code == -1 else f"exit code {code}"
+                progress.message(f"[sweep] FAILED {name} ({why}); log: {log_path}")
+    except BaseException:
+        for proc, _, _ in active.values():  # only our own children
+            proc.terminate()
+        for proc, _, _ in active.values():
+            proc.wait()
+        raise
+    finally:
+        progress.close()
+    return result
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distill sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("spec", type=Path, help="sweep spec YAML (format: pydoc distill.experiments.spec)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print 'STATE NAME COMMAND' per run; run nothing"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="fits to run at once (default 1)")
+    parser.add_argument("--out", type=Path, help="output directory (default: the spec's 'out')")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this run (repeatable)")
+    parser.add_argument(
+        "--fit-prefix",
+        help="command that starts one fit, before '--config ...' "
+        "(default: '<this python> -m distill.cli fit'; e.g. 'torchrun --nproc_per_node 4 -m distill.cli fit')",
+    )
+    slurm = parser.add_argument_group("SLURM (with --emit-slurm; these override the spec's 'slurm:' section)")
+    slurm.add_argument(
+        "--emit-slurm", type=Path, metavar="FILE", help="write a job-array sbatch script; run nothing"
+    )
+    add_slurm_arguments(slurm)
+    return parser
+
+
+def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None) -> int:
+    """Entry point of `distill sweep`; `fit_prefix` (tests) replaces the command that starts a fit."""
+    args = _parser().parse_args(argv)
+    if args.jobs < 1:
+        print(f"distill sweep: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    try:
+        spec = load_spec(args.spec, out=args.out)
+        runs = expand(spec)
+    except SpecError as err:
+        print(f"distill sweep: {args.spec}: {err}", file=sys.stderr)
+        return 2
+    custom_prefix = fit_prefix is not None or args.fit_prefix is not None
+    if fit_prefix is None:
+        fit_prefix = shlex.split(args.fit_prefix) if args.fit_prefix else rundirs.DEFAULT_FIT_PREFIX
+    if args.only:
+        by_name = {run.name: run for run in runs}
+        missing = [name for name in args.only if name not in by_name]
+        if missing:
+            print(f"distill sweep: --only: no run named {', '.join(missing)} in {args.spec}", file=sys.stderr)
+            return 2
+        runs = [by_name[name] for name in args.only]
+    if args.emit_slurm:
+        try:
+            options = slurm_options(spec.slurm, args)
+            prefix = list(fit_prefix) if custom_prefix else None
+            script, commands = write_slurm(spec, runs, args.emit_slurm, options, prefix)
+        except ValueError as err:
+            print(f"distill sweep: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {script} ({len(runs)} array tasks) and {commands}; submit with: sbatch {script}")
+        return 0
+    if args.dry_run:
+        states = {"done": 0, "resume": 0, "todo": 0}
+        for run in runs:
+            state = rundirs.run_state(run.run_dir)
+            states[state] += 1
+            print(f"{state:<6} {run.name}  {shlex.join(rundirs.fit_command(run, spec.base, fit_prefix))}")
+        print(
+            f"{len(runs)} runs: {states['done']} finished (skipped), {states['resume']} to resume, "
+            f"{states['todo']} to start; out: {spec.out}",
+            file=sys.stderr,
+        )
+        return 0
+    # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        result = run_sweep(spec, runs, args.jobs, fit_prefix)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(
+        f"[sweep] {spec.name}: {len(result.finished)} finished now, {len(result.skipped)} skipped "
+        f"(finished before), {len(result.failed)} failed; out: {spec.out}"
+    )
+    for name, code, log in result.failed:
+        print(f"[sweep]   failed: {name} (exit {code}); log: {log}")
+    return 1 if result.failed else 0

@@ -1,0 +1,75 @@
+"""Fixtures for the sweep tests: a fake `distill fit` that trains nothing."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# Behaves like a fit on the run-dir contract: reads the composed configs, logs its invocation,
+# crashes or sleeps on demand (env FAKE_FIT_CRASH = substring of the run name, FAKE_FIT_SLEEP =
+# seconds), then writes metrics.json last and atomically.
+FAKE_FIT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import yaml
+
+    args = sys.argv[1:]
+    configs = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
+    run_dir = args[args.index("--run_dir") + 1]
+    ckpt = args[args.index("--ckpt_path") + 1] if "--ckpt_path" in args else None
+
+    def merge(into, new):
+        for key, value in new.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    config = {}
+    for path in configs:
+        merge(config, yaml.safe_load(open(path)) or {})
+    start = time.time()
+    name = os.path.basename(run_dir)
+    print("fake fit of", name, flush=True)
+    crash = os.environ.get("FAKE_FIT_CRASH")
+    if crash and crash in name:
+        print("boom", file=sys.stderr)
+        sys.exit(3)
+    time.sleep(float(os.environ.get("FAKE_FIT_SLEEP", "0")))
+    record = {"argv": args, "ckpt": ckpt, "cache": os.environ.get("DISTILL_ROLLOUT_CACHE"),
+              "start": start, "end": time.time()}
+    with open(os.path.join(run_dir, "invocations.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\\n")
+    settings = json.load(open(os.path.join(run_dir, "settings.json")))["settings"]
+    metrics = {"test/countdown3/accuracy": float(config["data"]["mix"]) / 2 + 0.1,
+               "train/steps": float(config["trainer"]["max_steps"])}
+    out = {"status": "finished", "metrics": metrics, "settings": settings, "config": config}
+    with open(os.path.join(run_dir, "metrics.json.tmp"), "w") as f:
+        json.dump(out, f)
+    os.replace(os.path.join(run_dir, "metrics.json.tmp"), os.path.join(run_dir, "metrics.json"))
+    """
+)
+
+
+@pytest.fixture
+def fake_fit(tmp_path: Path) -> list[str]:
+    """Command prefix that runs the fake fit script."""
+    script = tmp_path / "fake_fit.py"
+    script.write_text(FAKE_FIT)
+    return [sys.executable, str(script)]
+
+
+@pytest.fixture
+def grid_spec(tmp_path: Path) -> Path:
+    """A 2 x 2 spec (mix x seed) whose base config and output live under tmp_path."""
+    base = tmp_path / "base.yaml"
+    base.write_text("trainer: {max_steps: 10}\ndata: {mix: 0.5, task: countdown3}\n")
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(
+        f"name: grid\nbase: {base}\nout: {tmp_path / 'runs'}\n"
+        "overrides: {trainer.max_steps: 60}\naxes:\n  mix: [0, 0.5]\n  seed: [0, 1]\n"
+    )
+    return spec
