@@ -22,10 +22,23 @@ Relative paths (`base`, `out`) resolve against the current working directory, wh
 repository root for every command in this project; they are made absolute before any command
 is built, so the commands also work from elsewhere (e.g. a SLURM node).
 
-An axis is a shorthand from `SHORTHANDS` or a dotted path into the fit config tree whose first
-segment is one of `ROOTS` (e.g. `data.max_new_tokens`, `model.divergence.init_args.beta`).
-Shorthand values are checked (e.g. `divergence` must name an entry of `DIVERGENCES`; `mix` must
-lie in [0, 1]); values of dotted axes are passed through as they are.
+An axis is one of these shorthands, or a dotted path into the fit config tree starting with
+`trainer.`, `model.` or `data.` (e.g. `data.max_new_tokens`, `model.divergence.init_args.beta`),
+whose values are passed through as they are. Shorthand values are checked before anything runs:
+
+    mix            data.mix                              teacher share of rollouts, in [0, 1]
+    granularity    data.granularity                      batch | sequence | token | speculative
+    task           data.task                             a task name, e.g. countdown3
+    lr             model.optimizer.init_args.lr          > 0
+    seed           seed_everything                       integer >= 0 (replicates in the report)
+    estimator      model.divergence.init_args.estimator  exact | k1 | k2 | k3 | topk
+    gradient_clip  trainer.gradient_clip_val             >= 0 or null
+    divergence     model.divergence.class_path           forward_kl | reverse_kl | jsd | skew_kl |
+                   skew_reverse_kl | tvd | interpolated_kl (-> distill.losses.ForwardKL, ReverseKL,
+                   GeneralizedJSD, SkewKL, SkewReverseKL, TotalVariation, InterpolatedKL)
+
+`overrides` takes the same keys. Settings are recorded under the shorthand name even when the
+spec uses the full path, so the report groups `data.mix` and `mix` alike.
 
 Each run gets the directory `<out>/<name>`, where the name lists the settings sorted by axis,
 e.g. `divergence=forward_kl,lr=3e-4,mix=0.25,seed=0` (floats in their shortest form that reads

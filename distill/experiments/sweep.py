@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from distill.experiments import rundirs
+from distill.experiments import spec as spec_module
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
 
@@ -148,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distill sweep",
         description=__doc__,
+        epilog="Sweep spec format (distill.experiments.spec):\n" + (spec_module.__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("spec", type=Path, help="sweep spec YAML (format: pydoc distill.experiments.spec)")

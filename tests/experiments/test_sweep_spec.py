@@ -161,3 +161,12 @@ def test_run_names_are_stable_safe_and_bounded():
     assert run_name({"model.student": "/a b/c"}) == "model.student=_a_b_c"
     long = run_name({"data.task": "x" * 500})
     assert len(long) <= 200 and long != run_name({"data.task": "x" * 499})
+
+
+def test_docstring_documents_every_shorthand_and_divergence():
+    from distill.experiments import spec as module
+
+    for name, shorthand in SHORTHANDS.items():
+        assert f"    {name} " in module.__doc__ and shorthand.path in module.__doc__
+    for name, class_path in DIVERGENCES.items():
+        assert name in module.__doc__ and class_path.rsplit(".", 1)[1] in module.__doc__
