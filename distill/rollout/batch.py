@@ -1,0 +1,109 @@
+"""`RolloutBatch`: prompts plus completions, with masks saying what was generated and by whom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+TEACHER_OPEN, TEACHER_CLOSE = "⟦", "⟧"
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of rollouts, laid out `[B, T]` with `T = prompt_length + generated length`.
+
+    Prompts are left-padded (as given to the sampler); completions follow them right-padded with
+    the pad id. `completion_mask` is True on generated tokens (each row's EOS included) and False
+    on prompt and padding; `teacher_token_mask` is True on the generated tokens the teacher wrote
+    (always a subset of `completion_mask`). `attention_mask` (long, 0/1) covers prompt and
+    completion tokens.
+
+    Cost counters: `*_generated_tokens` count completion tokens by writer; `*_forward_tokens`
+    count the real tokens each model processed during the rollout (prompt prefill plus one per
+    still-running row per decode step; padding and finished rows excluded, so the count does not
+    depend on how prompts were batched). Teacher rows read from the cache cost no teacher forward
+    tokens; `cached_teacher_rows` says how many there were.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+    teacher_token_mask: Tensor
+    prompt_length: int
+    teacher_generated_tokens: int = 0
+    student_generated_tokens: int = 0
+    teacher_forward_tokens: int = 0
+    student_forward_tokens: int = 0
+    rollout_seconds: float = 0.0
+    cached_teacher_rows: int = 0
+
+    def __post_init__(self) -> None:
+        shape = self.input_ids.shape
+        for name in ("attention_mask", "completion_mask", "teacher_token_mask"):
+            if getattr(self, name).shape != shape:
+                raise ValueError(
+                    f"{name} must have shape {tuple(shape)} like input_ids, got {tuple(getattr(self, name).shape)}"
+                )
+        if bool((self.teacher_token_mask & ~self.completion_mask).any()):
+            raise ValueError("teacher_token_mask must be a subset of completion_mask")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+    @property
+    def teacher_share(self) -> float:
+        """Fraction of completion tokens written by the teacher (0.0 for an empty batch)."""
+        total = self.completion_tokens
+        return float(self.teacher_token_mask.sum()) / total if total else 0.0
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """A copy with every tensor on `device` (counters unchanged)."""
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            completion_mask=self.completion_mask.to(device),
+            teacher_token_mask=self.teacher_token_mask.to(device),
+        )
+
+    def prompt_ids(self) -> list[list[int]]:
+        """Each row's prompt token ids, padding removed."""
+        prompt, mask = self.input_ids[:, : self.prompt_length], self.attention_mask[:, : self.prompt_length]
+        return [row[m.bool()].tolist() for row, m in zip(prompt.cpu(), mask.cpu())]
+
+    def completion_ids(self) -> list[list[int]]:
+        """Each row's generated token ids (EOS included, padding removed)."""
+        return [row[m].tolist() for row, m in zip(self.input_ids.cpu(), self.completion_mask.cpu())]
+
+    def completions(self, tokenizer, skip_special_tokens: bool = True) -> list[str]:
+        """Each row's completion as text (EOS and pad dropped unless `skip_special_tokens=False`)."""
+        return tokenizer.batch_decode(self.completion_ids(), skip_special_tokens=skip_special_tokens)
+
+    def render(self, tokenizer) -> list[str]:
+        """Prompt plus completion per row, with teacher-written spans wrapped in ⟦ ⟧ (EOS shown).
+
+        Spans are decoded one at a time, so subword tokenizers may differ from a whole-text decode
+        by a space at span boundaries; the char tokenizer renders exactly.
+        """
+        rows = []
+        ids, comp, teach = self.input_ids.cpu(), self.completion_mask.cpu(), self.teacher_token_mask.cpu()
+        for prompt, row, c, t in zip(self.prompt_ids(), ids, comp, teach):
+            text = tokenizer.decode(prompt, skip_special_tokens=True)
+            gen, by_teacher = row[c].tolist(), t[c].tolist()
+            start = 0
+            while start < len(gen):
+                end = start
+                while end < len(gen) and by_teacher[end] == by_teacher[start]:
+                    end += 1
+                span = tokenizer.decode(gen[start:end], skip_special_tokens=False)
+                text += f"{TEACHER_OPEN}{span}{TEACHER_CLOSE}" if by_teacher[start] else span
+                start = end
+            rows.append(text)
+        return rows

@@ -1,0 +1,101 @@
+"""On-disk cache of teacher-only rollouts, one JSON file per prompt row.
+
+Entries are per row, not per batch: in the sequence granularity the rows the teacher writes
+change with the permutation and with `mix`, and batches are reshuffled between epochs and runs,
+so only a per-row key lets a sweep (every λ, every learning rate) reuse what one run generated.
+
+A key hashes the teacher's identity, the prompt ids (padding removed), the row's occurrence
+index among identical prompts in its batch (so repeated prompts get distinct samples), the
+sampling settings and the seed (omitted under greedy decoding, where it has no effect).
+
+Writes are atomic: a temp file in the same directory, flushed and fsync'ed, then `os.replace`d
+onto the entry's name, so an interrupted write leaves at most a temp file, which is never read.
+An unreadable or malformed entry counts as a miss and is overwritten by the next write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# How many evenly spaced elements of each sampled parameter enter the fingerprint.
+_FINGERPRINT_ELEMENTS = 4096
+
+
+def teacher_identity(model: nn.Module) -> str:
+    """`config._name_or_path` plus a cheap fingerprint of the weights.
+
+    The fingerprint hashes every parameter's name, shape and dtype, and the values of up to 4096
+    evenly spaced elements from each of the first, middle and last parameters. Two checkpoints
+    that share a path but differ in training almost surely differ there; it costs milliseconds
+    even for multi-billion-parameter models.
+    """
+    params = list(model.named_parameters())
+    digest = hashlib.sha256()
+    for name, p in params:
+        digest.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    for index in sorted({0, len(params) // 2, len(params) - 1} if params else set()):
+        flat = params[index][1].detach().reshape(-1)
+        picks = torch.linspace(
+            0, flat.numel() - 1, min(_FINGERPRINT_ELEMENTS, flat.numel()), device=flat.device
+        )
+        digest.update(flat[picks.long()].float().cpu().numpy().tobytes())
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    return f"{name}@{digest.hexdigest()[:16]}"
+
+
+def row_key(identity: str, prompt_ids: list[int], occurrence: int, settings: dict, seed: int | None) -> str:
+    """The cache key (hex SHA-256) of one teacher-written row."""
+    blob = json.dumps(
+        {
+            "teacher": identity,
+            "prompt": prompt_ids,
+            "occurrence": occurrence,
+            "settings": settings,
+            "seed": seed,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class RolloutCache:
+    """A directory of teacher rollouts: `get(key)` returns the generated ids (EOS included) or None."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+
+    def path(self, key: str) -> Path:
+        # Two-character fan-out keeps directories small on large sweeps.
+        return self.directory / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> list[int] | None:
+        try:
+            entry = json.loads(self.path(key).read_text())
+            tokens = entry["tokens"]
+            if entry["key"] != key or not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+                return None
+            return tokens
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, tokens: list[int]) -> None:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, "tokens": [int(t) for t in tokens]}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,216 @@
+"""Decoding helpers: logit filtering, per-row random streams, the KV-cached decode loop.
+
+The loop steps one or more Hugging Face causal LMs together over a left-padded prompt batch; a
+`rule` turns the models' next-token logits into tokens and a "teacher wrote it" flag, which is how
+the sampler's granularities differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+# rule(logits per model [b, V] float32, streams) -> (tokens [b], teacher_written [b] bool)
+StepRule = Callable[[list[Tensor], "RowStreams"], tuple[Tensor, Tensor]]
+
+
+def filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """Temperature, then top-k, then top-p (nucleus) filtering, in Hugging Face's order.
+
+    Removed entries become -inf. Top-p keeps the smallest set of most likely tokens whose total
+    probability reaches `top_p` (always at least one token). `temperature` must be > 0 here; greedy
+    decoding (temperature 0) takes the argmax of the raw logits instead.
+    """
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the more likely ones before it already reach top_p.
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from a JSON-serialisable description (stable across processes and machines)."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") & (2**63 - 1)
+
+
+class RowStreams:
+    """Randomness for a batch of rows: one generator per row, or one generator shared by all rows.
+
+    Per-row generators make a row's sample depend only on its own seed (not on which other rows
+    share the batch), which the teacher-rollout cache relies on. The shared generator samples
+    the whole batch in one call and is used when nothing needs caching.
+    """
+
+    def __init__(self, generators: list[torch.Generator] | None, shared: torch.Generator | None = None):
+        if (generators is None) == (shared is None):
+            raise ValueError("RowStreams needs either per-row generators or one shared generator")
+        self.generators = generators
+        self.shared = shared
+
+    @classmethod
+    def per_row(cls, seeds: Sequence[int], device: torch.device) -> RowStreams:
+        return cls([torch.Generator(device=device).manual_seed(s) for s in seeds])
+
+    @classmethod
+    def shared_from(cls, seed: int, device: torch.device) -> RowStreams:
+        return cls(None, torch.Generator(device=device).manual_seed(seed))
+
+    def subset(self, rows: Sequence[int]) -> RowStreams:
+        if self.generators is None:
+            return self
+        return RowStreams([self.generators[i] for i in rows])
+
+    def uniform(self, n: int, device: torch.device) -> Tensor:
+        """One U[0, 1) draw per row, shape [n]."""
+        if self.generators is None:
+            return torch.rand(n, generator=self.shared, device=device)
+        return torch.cat([torch.rand(1, generator=g, device=device) for g in self.generators])
+
+    def categorical(self, probs: Tensor) -> Tensor:
+        """One sample per row of `probs` [n, V]."""
+        if self.generators is None:
+            return torch.multinomial(probs, 1, generator=self.shared).squeeze(-1)
+        return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators)])
+
+
+def choose_tokens(
+    logits: Tensor, streams: RowStreams, temperature: float, top_k: int | None, top_p: float | None
+) -> Tensor:
+    """Greedy argmax when `temperature == 0`, else a sample from the filtered distribution."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return streams.categorical(probs)
+
+
+@contextmanager
+def eval_no_grad(*models: nn.Module) -> Iterator[None]:
+    """Eval mode and `torch.no_grad()` for the duration; every submodule's mode is restored after."""
+    modes = {id(m): (m, m.training) for model in models for m in model.modules()}
+    for model in models:
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        # Set the flag itself: `Module.train(mode)` would recurse and undo the children's modes.
+        for module, training in modes.values():
+            module.training = training
+
+
+def logit_width(model: nn.Module) -> int:
+    """How many logit columns the model produces (its output embedding rows, padding included)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def _forward_kwargs(model: nn.Module) -> tuple[str, bool]:
+    """The KV-cache argument's name (`cache` from transformers 5.2x, `past_key_values` before) and
+    whether the model accepts `logits_to_keep` (skips the LM head over the prompt)."""
+    params = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+
+
+def _cache_of(output: object) -> object:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+@dataclass
+class Decoded:
+    """Tokens written by one decode loop over a (sub-)batch."""
+
+    tokens: Tensor  # [b, n] generated ids, pad after each row's EOS
+    teacher: Tensor  # [b, n] bool, True where the teacher wrote the token
+    lengths: Tensor  # [b] generated tokens per row, EOS included
+    forward_tokens: list[int]  # real tokens each model processed (prompt prefill included)
+
+
+def strip_common_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop leading columns that are padding in every row (a sub-batch rarely needs them)."""
+    first = int(attention_mask.long().argmax(dim=-1).min())
+    return input_ids[:, first:], attention_mask[:, first:]
+
+
+def decode(
+    models: Sequence[nn.Module],
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    rule: StepRule,
+    streams: RowStreams,
+    *,
+    vocab_size: int,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+) -> Decoded:
+    """Decode a left-padded batch with every model in `models` stepped together (KV caches).
+
+    Position ids follow `generate()`: cumsum of the attention mask minus one, so left padding does
+    not shift positions. A row stops at its first EOS and then emits `pad_token_id`; the loop ends
+    when every row has stopped or `max_new_tokens` tokens were written. Logits are sliced to
+    `vocab_size` columns so padded embedding rows are never sampled. Call under `eval_no_grad`.
+    """
+    b, device = input_ids.shape[0], input_ids.device
+    mask = attention_mask.long()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    eos = torch.tensor(list(eos_token_ids), device=device)
+    caches: list[object] = [None] * len(models)
+    calls = [_forward_kwargs(model) for model in models]
+    forward_tokens = [int(mask.sum())] * len(models)
+    step_ids, step_positions = input_ids, positions
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    tokens, teacher = [], []
+    for _ in range(max_new_tokens):
+        logits = []
+        for i, model in enumerate(models):
+            cache_arg, keep_arg = calls[i]
+            extra = {"logits_to_keep": 1} if keep_arg else {}
+            out = model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_positions,
+                use_cache=True,
+                **{cache_arg: caches[i]},
+                **extra,
+            )
+            caches[i] = _cache_of(out)
+            logits.append(out.logits[:, -1, :vocab_size].float())
+        next_ids, by_teacher = rule(logits, streams)
+        next_ids = next_ids.masked_fill(done, pad_token_id)
+        tokens.append(next_ids)
+        teacher.append(by_teacher & ~done)
+        done = done | torch.isin(next_ids, eos)
+        if bool(done.all()) or len(tokens) == max_new_tokens:
+            break
+        live = int((~done).sum())
+        forward_tokens = [n + live for n in forward_tokens]
+        step_ids = next_ids[:, None]
+        step_positions = step_positions[:, -1:] + 1
+        mask = torch.cat([mask, mask.new_ones(b, 1)], dim=-1)
+    tokens_t = torch.stack(tokens, dim=1)
+    written = torch.ones_like(tokens_t, dtype=torch.bool)
+    # A position counts until (and including) the row's first EOS.
+    hit = torch.isin(tokens_t, eos).long()
+    after_eos = (hit.cumsum(dim=1) - hit) > 0
+    written &= ~after_eos
+    return Decoded(tokens_t, torch.stack(teacher, dim=1) & written, written.sum(dim=1), forward_tokens)

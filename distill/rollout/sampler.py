@@ -1,0 +1,400 @@
+"""`RolloutSampler`: rollouts from a student/teacher mixture, at four granularities."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from distill.rollout.batch import RolloutBatch
+from distill.rollout.cache import RolloutCache, row_key, teacher_identity
+from distill.rollout.decoding import (
+    Decoded,
+    RowStreams,
+    StepRule,
+    choose_tokens,
+    decode,
+    derive_seed,
+    eval_no_grad,
+    logit_width,
+    strip_common_padding,
+)
+
+GRANULARITIES = ("batch", "sequence", "token", "speculative")
+CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class RolloutSampler:
+    """Generates completions for a prompt batch from a mixture of the student and the teacher.
+
+    Args:
+        mix: The teacher's share λ in [0, 1]: 0 = fully on-policy student rollouts, 1 = fully
+            teacher rollouts. Not used by the "speculative" granularity (there `speculative_top_k`
+            sets how often the teacher steps in).
+        granularity: Who decides, and how often:
+            "batch": one Bernoulli(mix) draw per batch; the teacher or the student writes the
+            whole batch (as TRL's GKD). "sequence": exactly round(mix·B) rows of each batch
+            (half rounds up; rows from a random permutation) are written by the teacher, the
+            rest by the student. "token": every token is drawn from the mixture
+            (1−mix)·p_S + mix·p_T of the two filtered distributions, by drawing Bernoulli(mix)
+            per token to pick the writer and sampling from that model. "speculative": the
+            student proposes each token; one outside the teacher's top `speculative_top_k` is
+            replaced by a sample from the teacher (Speculative Knowledge Distillation).
+            In batch and sequence modes each model decodes only its own rows.
+        max_new_tokens: Most tokens generated per row (EOS included).
+        temperature: Sampling temperature; 0 means greedy (argmax) decoding.
+        top_k: Keep only the k most likely tokens before sampling (None: no limit).
+        top_p: Nucleus sampling: keep the most likely tokens up to this total probability, in (0, 1].
+        eos_token_id: Id(s) that end a row. None: from the models' generation config or config.
+        pad_token_id: Id written after a row's EOS. None: from the models' generation config or config.
+        vocab_size: Logit columns that are real tokens (the tokenizer's length); ids at or above
+            it are never produced. None: the smaller of the two models' logit widths.
+        speculative_top_k: Teacher top-k a student proposal must fall in ("speculative" only).
+            At or above the vocabulary size nothing is ever replaced; 1 with greedy decoding
+            reproduces the teacher's greedy output.
+        cache_dir: Directory caching teacher-only rows (batch and sequence modes) across runs;
+            used when `sample` gets a `seed` or decoding is greedy. None: the
+            `DISTILL_ROLLOUT_CACHE` environment variable if set, else no cache.
+    """
+
+    def __init__(
+        self,
+        mix: float,
+        granularity: str = "sequence",
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        vocab_size: int | None = None,
+        speculative_top_k: int = 5,
+        cache_dir: str | None = None,
+    ):
+        if not _is_real(mix) or not 0.0 <= mix <= 1.0:
+            raise ValueError(f"mix must be in [0, 1], got {mix!r}")
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}; got {granularity!r}")
+        if not _is_int(max_new_tokens) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if not _is_real(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+        if top_k is not None and (not _is_int(top_k) or top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+        if top_p is not None and (not _is_real(top_p) or not 0.0 < top_p <= 1.0):
+            raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
+        eos_list = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
+        if eos_list is not None and (
+            not isinstance(eos_list, (list, tuple))
+            or not eos_list
+            or not all(_is_int(e) and e >= 0 for e in eos_list)
+        ):
+            raise ValueError(
+                f"eos_token_id must be None, an id >= 0 or a non-empty list of them, got {eos_token_id!r}"
+            )
+        if pad_token_id is not None and (not _is_int(pad_token_id) or pad_token_id < 0):
+            raise ValueError(f"pad_token_id must be None or an id >= 0, got {pad_token_id!r}")
+        if vocab_size is not None and (not _is_int(vocab_size) or vocab_size < 1):
+            raise ValueError(f"vocab_size must be None or an integer >= 1, got {vocab_size!r}")
+        if not _is_int(speculative_top_k) or speculative_top_k < 1:
+            raise ValueError(f"speculative_top_k must be an integer >= 1, got {speculative_top_k!r}")
+        if cache_dir is None:
+            cache_dir = os.environ.get(CACHE_ENV) or None
+        self.mix = float(mix)
+        self.granularity = granularity
+        self.max_new_tokens = max_new_tokens
+        self.temperature = float(temperature)
+        self.top_k = top_k
+        self.top_p = None if top_p is None else float(top_p)
+        self.eos_token_id = None if eos_list is None else [int(e) for e in eos_list]
+        self.pad_token_id = pad_token_id
+        self.vocab_size = vocab_size
+        self.speculative_top_k = speculative_top_k
+        self.cache = RolloutCache(cache_dir) if cache_dir else None
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutSampler(mix={self.mix}, granularity={self.granularity!r}, "
+            f"max_new_tokens={self.max_new_tokens}, temperature={self.temperature}, top_k={self.top_k}, "
+            f"top_p={self.top_p}, speculative_top_k={self.speculative_top_k})"
+        )
+
+    def sample(
+        self,
+        student: nn.Module,
+        teacher: nn.Module,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> RolloutBatch:
+        """Roll out a left-padded prompt batch (`input_ids`, `attention_mask`: `[B, P]`).
+
+        Randomness: batch-level choices (the batch coin, the sequence permutation) use
+        `generator` if given, else a generator seeded from `seed` and the batch's prompts, else
+        torch's global RNG. Per-token sampling with a `seed` uses one generator per row seeded
+        from (seed, prompt row, its occurrence among identical prompts in the batch, the
+        sampling settings), so a row's rollout does not depend on its batch-mates (this is what
+        makes teacher rows cacheable); without a seed it draws from `generator` / the global RNG.
+
+        Both models run under `torch.no_grad()` in eval mode, and get their previous modes back.
+        The models must be on the device of `input_ids`.
+        """
+        start = time.perf_counter()
+        self._check_prompts(input_ids, attention_mask)
+        if seed is not None and not _is_int(seed):
+            raise ValueError(f"seed must be None or an integer, got {seed!r}")
+        eos_ids, pad_id = self._special_ids(student, teacher)
+        vocab = self._vocab(student, teacher)
+        settings = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "eos": eos_ids,
+            "pad": pad_id,
+            "vocab_size": vocab,
+        }
+        mask = attention_mask.long()
+        prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), mask.cpu())]
+        seen: dict[tuple[int, ...], int] = {}
+        occurrence = []
+        for p in prompts:
+            occurrence.append(seen.get(tuple(p), 0))
+            seen[tuple(p)] = occurrence[-1] + 1
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(derive_seed(seed, "batch", prompts))
+
+        def streams(role: str, rows: Sequence[int]) -> RowStreams:
+            if seed is not None:
+                seeds = [derive_seed(seed, role, prompts[i], occurrence[i], settings) for i in rows]
+                return RowStreams.per_row(seeds, input_ids.device)
+            device = generator.device if generator is not None else "cpu"
+            return RowStreams.shared_from(
+                int(torch.randint(2**62, (1,), generator=generator, device=device)), input_ids.device
+            )
+
+        decode_kwargs = dict(
+            vocab_size=vocab, max_new_tokens=self.max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad_id
+        )
+        b = input_ids.shape[0]
+        rows: list[list[int]] = [[] for _ in range(b)]
+        by_teacher: list[list[bool]] = [[] for _ in range(b)]
+        fwd = {"teacher": 0, "student": 0}
+        cached = 0
+
+        def run(model: nn.Module, role: str, idx: list[int]) -> None:
+            ids, m = strip_common_padding(input_ids[idx], mask[idx])
+            out = decode(
+                [model], ids, m, self._single_rule(role == "teacher"), streams(role, idx), **decode_kwargs
+            )
+            fwd[role] += out.forward_tokens[0]
+            self._collect(out, idx, rows, by_teacher)
+
+        with eval_no_grad(student, teacher):
+            if self.granularity in ("batch", "sequence"):
+                teacher_idx = self._teacher_rows(b, generator)
+                student_idx = [i for i in range(b) if i not in set(teacher_idx)]
+                todo = teacher_idx
+                use_cache = (
+                    self.cache is not None and teacher_idx and (seed is not None or self.temperature == 0)
+                )
+                if use_cache:
+                    identity = teacher_identity(teacher)
+                    key_seed = None if self.temperature == 0 else seed
+                    keys = {
+                        i: row_key(identity, prompts[i], occurrence[i], settings, key_seed)
+                        for i in teacher_idx
+                    }
+                    todo = []
+                    for i in teacher_idx:
+                        hit = self.cache.get(keys[i])
+                        if hit is None or not 1 <= len(hit) <= self.max_new_tokens:
+                            todo.append(i)
+                        else:
+                            rows[i], by_teacher[i] = hit, [True] * len(hit)
+                            cached += 1
+                if todo:
+                    run(teacher, "teacher", todo)
+                    if use_cache:
+                        for i in todo:
+                            self.cache.put(keys[i], rows[i])
+                if student_idx:
+                    run(student, "student", student_idx)
+            else:
+                rule = self._token_rule() if self.granularity == "token" else self._speculative_rule(vocab)
+                out = decode(
+                    [student, teacher],
+                    input_ids,
+                    mask,
+                    rule,
+                    streams(self.granularity, range(b)),
+                    **decode_kwargs,
+                )
+                fwd["student"], fwd["teacher"] = out.forward_tokens
+                self._collect(out, list(range(b)), rows, by_teacher)
+        return self._assemble(
+            input_ids, mask, rows, by_teacher, pad_id, fwd, cached, time.perf_counter() - start
+        )
+
+    # -- choosing who writes ---------------------------------------------------------------
+
+    def _teacher_rows(self, b: int, generator: torch.Generator | None) -> list[int]:
+        device = generator.device if generator is not None else "cpu"
+        if self.granularity == "batch":
+            coin = torch.rand((), generator=generator, device=device)
+            return list(range(b)) if bool(coin < self.mix) else []
+        n = math.floor(self.mix * b + 0.5)
+        return sorted(torch.randperm(b, generator=generator, device=device)[:n].tolist())
+
+    def _choose(self, logits: Tensor, streams: RowStreams) -> Tensor:
+        return choose_tokens(logits, streams, self.temperature, self.top_k, self.top_p)
+
+    def _single_rule(self, teacher: bool) -> StepRule:
+        def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
+            tokens = self._choose(logits[0], streams)
+            return tokens, torch.full_like(tokens, teacher, dtype=torch.bool)
+
+        return rule
+
+    def _token_rule(self) -> StepRule:
+        def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
+            student, teacher = logits
+            pick_teacher = streams.uniform(student.shape[0], student.device) < self.mix
+            t_tokens, s_tokens = self._choose(teacher, streams), self._choose(student, streams)
+            return torch.where(pick_teacher, t_tokens, s_tokens), pick_teacher
+
+        return rule
+
+    def _speculative_rule(self, vocab: int) -> StepRule:
+        k = min(self.speculative_top_k, vocab)
+
+        def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
+            student, teacher = logits
+            proposal = self._choose(student, streams)
+            accepted = (teacher.topk(k, dim=-1).indices == proposal[:, None]).any(dim=-1)
+            replacement = self._choose(teacher, streams)
+            return torch.where(accepted, proposal, replacement), ~accepted
+
+        return rule
+
+    # -- inputs and outputs ----------------------------------------------------------------
+
+    @staticmethod
+    def _check_prompts(input_ids: Tensor, attention_mask: Tensor) -> None:
+        if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"input_ids must be a non-empty [B, P] tensor, got shape {tuple(input_ids.shape)}"
+            )
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+            )
+        mask = attention_mask.long()
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError("attention_mask must hold only 0 and 1")
+        if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):
+            raise ValueError(
+                "prompts must be left-padded: each attention_mask row is 0…0 1…1 with at least one 1"
+            )
+
+    def _special_ids(self, student: nn.Module, teacher: nn.Module) -> tuple[list[int], int]:
+        eos = self.eos_token_id or _model_id(student, teacher, "eos_token_id")
+        pad = (
+            self.pad_token_id
+            if self.pad_token_id is not None
+            else _model_id(student, teacher, "pad_token_id")
+        )
+        if eos is None:
+            raise ValueError(
+                "eos_token_id is unset: pass it to RolloutSampler or set it in the models' generation_config"
+            )
+        if pad is None:
+            raise ValueError(
+                "pad_token_id is unset: pass it to RolloutSampler or set it in the models' generation_config"
+            )
+        eos = [eos] if _is_int(eos) else list(eos)
+        pad = pad[0] if isinstance(pad, (list, tuple)) else pad
+        return [int(e) for e in eos], int(pad)
+
+    def _vocab(self, student: nn.Module, teacher: nn.Module) -> int:
+        widths = min(logit_width(student), logit_width(teacher))
+        if self.vocab_size is None:
+            return widths
+        if self.vocab_size > widths:
+            raise ValueError(
+                f"vocab_size must be <= the models' logit widths ({widths}), got {self.vocab_size}"
+            )
+        return self.vocab_size
+
+    @staticmethod
+    def _collect(out: Decoded, idx: list[int], rows: list[list[int]], by_teacher: list[list[bool]]) -> None:
+        tokens, teacher, lengths = out.tokens.tolist(), out.teacher.tolist(), out.lengths.tolist()
+        for j, i in enumerate(idx):
+            rows[i], by_teacher[i] = tokens[j][: lengths[j]], teacher[j][: lengths[j]]
+
+    @staticmethod
+    def _assemble(
+        input_ids: Tensor,
+        mask: Tensor,
+        rows: list[list[int]],
+        by_teacher: list[list[bool]],
+        pad_id: int,
+        fwd: dict[str, int],
+        cached: int,
+        seconds: float,
+    ) -> RolloutBatch:
+        b, p = input_ids.shape
+        n = max(len(r) for r in rows)
+        gen = torch.full((b, n), pad_id, dtype=input_ids.dtype)
+        written = torch.zeros(b, n, dtype=torch.bool)
+        teacher = torch.zeros(b, n, dtype=torch.bool)
+        for i, (r, t) in enumerate(zip(rows, by_teacher)):
+            gen[i, : len(r)] = torch.tensor(r, dtype=input_ids.dtype)
+            written[i, : len(r)] = True
+            teacher[i, : len(t)] = torch.tensor(t, dtype=torch.bool)
+        device = input_ids.device
+        prompt_false = torch.zeros(b, p, dtype=torch.bool, device=device)
+        completion = torch.cat([prompt_false, written.to(device)], dim=1)
+        teacher_tokens = int(teacher.sum())
+        return RolloutBatch(
+            input_ids=torch.cat([input_ids, gen.to(device)], dim=1),
+            attention_mask=torch.cat([mask, written.to(device).long()], dim=1),
+            completion_mask=completion,
+            teacher_token_mask=torch.cat([prompt_false, teacher.to(device)], dim=1),
+            prompt_length=p,
+            teacher_generated_tokens=teacher_tokens,
+            student_generated_tokens=int(written.sum()) - teacher_tokens,
+            teacher_forward_tokens=fwd["teacher"],
+            student_forward_tokens=fwd["student"],
+            rollout_seconds=seconds,
+            cached_teacher_rows=cached,
+        )
+
+
+def _model_id(student: nn.Module, teacher: nn.Module, name: str) -> int | list[int] | None:
+    """`name` from the models' generation config (else config); an error if the two disagree."""
+    found = []
+    for model in (student, teacher):
+        for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+            value = getattr(source, name, None) if source is not None else None
+            if value is not None:
+                found.append(value)
+                break
+    if len(found) == 2 and found[0] != found[1]:
+        raise ValueError(
+            f"student and teacher disagree on {name} ({found[0]} vs {found[1]}): pass {name} to RolloutSampler"
+        )
+    return found[0] if found else None
