@@ -1,0 +1,112 @@
+"""Chunked evaluation of a row-wise divergence with a hand-written backward.
+
+The forward pass walks over the selected positions ``chunk_size`` rows at a time, converts each chunk
+to float32, and computes the per-position value and (when the student needs a gradient) the closed
+form gradient w.r.t. the student logits, which it writes into one buffer of the student's shape and
+dtype. Nothing ``[B, T, V]``-sized in float32 is kept for backward; the backward pass only scales
+that buffer in place and hands it to autograd. A second backward through the same graph
+(``retain_graph=True``, ``gradcheck``) recomputes the gradient chunk by chunk from the saved inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+# kernel(u_s, u_t, b_idx, t_idx, want_grad) -> (value [n], grad w.r.t. scaled student logits [n, V])
+RowKernel = Callable[[Tensor, Tensor, Tensor, Tensor, bool], "tuple[Tensor, Tensor | None]"]
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """float32 for every input dtype except float64, which is kept (gradcheck needs it)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _scaled_rows(x: Tensor, b: Tensor, t: Tensor, width: int, temperature: float, dtype) -> Tensor:
+    """Copy of ``x[b, t, :width] / temperature`` in ``dtype`` (a fresh tensor, never a view of ``x``)."""
+    rows = x[b, t, :width]  # advanced indexing copies only this chunk, whatever the strides of x
+    u = rows.to(dtype)
+    if temperature != 1.0:
+        u.div_(temperature)
+    return u
+
+
+def _run(
+    kernel: RowKernel,
+    student: Tensor,
+    teacher: Tensor,
+    rows: Tensor,
+    row_scale: Tensor,
+    width: int,
+    temperature: float,
+    chunk_size: int,
+    want_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Values ``[B*T]`` (zero outside ``rows``; float32, float64 for float64 inputs) and, if asked, ``row_scale``-scaled logit gradients."""
+    batch, seq = student.shape[:2]
+    dtype = compute_dtype(student)
+    values = torch.zeros(batch * seq, dtype=dtype, device=student.device)
+    grad = None
+    if want_grad:
+        partial = rows.numel() < batch * seq or width < student.shape[-1]
+        alloc = torch.zeros if partial else torch.empty
+        grad = alloc(student.shape, dtype=student.dtype, device=student.device)
+    for start in range(0, rows.numel(), chunk_size):
+        r = rows[start : start + chunk_size]
+        b, t = r // seq, r % seq
+        u_s = _scaled_rows(student, b, t, width, temperature, dtype)
+        u_t = _scaled_rows(teacher, b, t, width, temperature, dtype)
+        value, g = kernel(u_s, u_t, b, t, want_grad)
+        del u_s, u_t
+        values[r] = value
+        if grad is not None and g is not None:
+            g.mul_((row_scale[r] / temperature).unsqueeze(-1))
+            grad[b, t, :width] = g.to(grad.dtype)
+        del g
+    return values, grad
+
+
+class ChunkedDivergence(torch.autograd.Function):
+    """``apply(student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce)``.
+
+    ``rows``: flat indices into ``B*T`` of the positions to evaluate. ``row_scale``: ``[B*T]`` float32
+    weights. With ``reduce`` the output is the scalar ``sum(row_scale * value)``; otherwise the
+    ``[B, T]`` values (``row_scale`` is then all ones). No gradient flows to the teacher.
+    """
+
+    @staticmethod
+    def forward(ctx, student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce):
+        want_grad = ctx.needs_input_grad[0]
+        with torch.no_grad():
+            values, grad = _run(
+                kernel, student, teacher, rows, row_scale, width, temperature, chunk_size, want_grad
+            )
+        ctx.grad = grad
+        ctx.reduce = reduce
+        ctx.args = (kernel, width, temperature, chunk_size)
+        ctx.save_for_backward(student, teacher, rows, row_scale)
+        if reduce:
+            return (values * row_scale).sum()
+        return values.view(student.shape[:2])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        grad = ctx.grad
+        ctx.grad = None  # drop our reference so autograd may take the buffer without a copy
+        if grad is None:  # a second backward through a retained graph: recompute
+            student, teacher, rows, row_scale = ctx.saved_tensors
+            kernel, width, temperature, chunk_size = ctx.args
+            with torch.no_grad():
+                _, grad = _run(
+                    kernel, student, teacher, rows, row_scale, width, temperature, chunk_size, True
+                )
+        if ctx.reduce:
+            if not bool(grad_out == 1):
+                grad.mul_(grad_out.to(grad.dtype))
+        else:
+            grad.mul_(grad_out.to(grad.dtype).unsqueeze(-1))
+        return grad, None, None, None, None, None, None, None, None
