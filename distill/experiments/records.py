@@ -1,0 +1,199 @@
+"""Reading a sweep directory back: one record per run (settings + metrics), `runs.csv`, TB curves.
+
+A run directory is any direct subdirectory of the sweep directory holding `settings.json`,
+`metrics.json` or `overrides.yaml`. Knob values come from `settings.json` (written by the sweep
+runner); failing that from `overrides.yaml` (flattened to dotted paths; paths that have a
+shorthand are named by it); failing that from the `settings` of `metrics.json`. Run names are never
+parsed. Divergence class paths are shown by their registry names (`forward_kl`, ...).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, read_metrics
+from distill.experiments.spec import DIVERGENCES, PATH_TO_SHORTHAND, SpecError, canonical_axis, format_value
+
+REPLICATE = "seed"
+# The contract's headline metrics, in report order; `{set}` expands to each test set present.
+HEADLINE = (
+    "test/{set}/accuracy",
+    "test/{set}/pass@1",
+    "test/{set}/pass@4",
+    "test/{set}/pass@8",
+    "test/{set}/distinct_correct",
+    "forgetting/mean_delta",
+    "sparsity/overall",
+    "sparsity/relative_update_norm",
+    "style/teacher_style_share",
+    "train/forward_kl",
+    "train/reverse_kl",
+    "cost/flops",
+    "cost/wall_s",
+    "cost/teacher_generated_tokens",
+    "cost/student_generated_tokens",
+)
+CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss")
+_CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
+
+
+@dataclass
+class RunRecord:
+    name: str
+    run_dir: Path
+    finished: bool
+    settings: dict[str, Any]
+    metrics: dict[str, float]
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _canonical(settings: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in settings.items():
+        try:
+            name, _ = canonical_axis(key)
+        except SpecError:
+            name = PATH_TO_SHORTHAND.get(key, key)
+        if name == "divergence" and isinstance(value, str):
+            value = _CLASS_TO_DIVERGENCE.get(value, value)
+        out[name] = value
+    return out
+
+
+def _settings(run_dir: Path, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / SETTINGS).read_text())
+        if isinstance(data, dict) and isinstance(data.get("settings"), dict):
+            return _canonical(data["settings"])
+    except (OSError, ValueError):
+        pass
+    try:
+        overrides = yaml.safe_load((run_dir / OVERRIDES).read_text())
+        if isinstance(overrides, dict) and overrides:
+            return _canonical(_flatten(overrides))
+    except (OSError, yaml.YAMLError):
+        pass
+    if metrics and isinstance(metrics.get("settings"), dict):
+        return _canonical(_flatten(metrics["settings"]))
+    return {}
+
+
+def _numbers(metrics: Any) -> dict[str, float]:
+    if not isinstance(metrics, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def load_records(sweep_dir: Path) -> list[RunRecord]:
+    """All runs of a sweep directory, sorted by name; unfinished ones have no metrics."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
+    records = []
+    for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        if not any((run_dir / f).exists() for f in (SETTINGS, METRICS, OVERRIDES)):
+            continue
+        data = read_metrics(run_dir)
+        finished = data is not None and data.get("status") == "finished"
+        metrics = _numbers(data.get("metrics")) if finished else {}
+        records.append(RunRecord(run_dir.name, run_dir, finished, _settings(run_dir, data), metrics))
+    return records
+
+
+def _sort_key(value: Any) -> tuple:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    if value in DIVERGENCES:
+        return (1, float(list(DIVERGENCES).index(value)), "")
+    return (2, 0.0, format_value(value))
+
+
+def knob_values(records: list[RunRecord], sweep_dir: Path | None = None) -> dict[str, list[Any]]:
+    """Each knob's distinct values: spec order (from sweep.json) where known, else sorted."""
+    spec_axes: dict[str, list[Any]] = {}
+    if sweep_dir is not None and (Path(sweep_dir) / "sweep.json").is_file():
+        try:
+            spec_axes = _canonical(json.loads((Path(sweep_dir) / "sweep.json").read_text()).get("axes", {}))
+        except (ValueError, AttributeError):
+            spec_axes = {}
+    values: dict[str, list[Any]] = {}
+    for record in records:
+        for knob, value in record.settings.items():
+            seen = values.setdefault(knob, [])
+            if all(format_value(value) != format_value(v) for v in seen):
+                seen.append(value)
+    ordered = {}
+    for knob in [k for k in spec_axes if k in values] + sorted(k for k in values if k not in spec_axes):
+        spec_order = [format_value(v) for v in spec_axes.get(knob, [])]
+        rank = {text: i for i, text in enumerate(spec_order)}
+        ordered[knob] = sorted(
+            values[knob], key=lambda v: (rank.get(format_value(v), len(rank)), _sort_key(v))
+        )
+    return ordered
+
+
+def metric_names(records: list[RunRecord]) -> list[str]:
+    """Metric names present in any finished run: the headline metrics first, then the rest sorted."""
+    present = {name for r in records for name in r.metrics}
+    sets = sorted(
+        {m.split("/")[1] for m in present if re.fullmatch(r"test/[^/]+/accuracy", m)},
+        key=lambda s: (s != "countdown3", s),
+    )
+    ordered = []
+    for pattern in HEADLINE:
+        for name in [pattern.format(set=s) for s in sets] if "{set}" in pattern else [pattern]:
+            if name in present and name not in ordered:
+                ordered.append(name)
+    return ordered + sorted(present - set(ordered))
+
+
+def write_csv(records: list[RunRecord], path: Path, knobs: list[str], metrics: list[str]) -> None:
+    """One row per run: run, finished, the knob columns, then the metric columns."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "finished", *knobs, *metrics])
+        for r in records:
+            settings = [format_value(r.settings[k]) if k in r.settings else "" for k in knobs]
+            values = [repr(r.metrics[m]) if m in r.metrics else "" for m in metrics]
+            writer.writerow([r.name, str(r.finished).lower(), *settings, *values])
+
+
+def read_curves(
+    run_dir: Path, tags: tuple[str, ...] = CURVE_TAGS
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Scalar curves (steps, values) from the TensorBoard event files under `<run_dir>/tensorboard`;
+    empty when there are none. A resumed run may write several files: later values win per step."""
+    event_dirs = sorted({p.parent for p in (Path(run_dir) / "tensorboard").rglob("events.out.tfevents.*")})
+    if not event_dirs:
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    points: dict[str, dict[int, float]] = {}
+    for event_dir in event_dirs:
+        acc = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in set(tags) & set(acc.Tags().get("scalars", [])):
+            for event in acc.Scalars(tag):
+                if math.isfinite(event.value):
+                    points.setdefault(tag, {})[int(event.step)] = float(event.value)
+    return {tag: (sorted(p), [p[s] for s in sorted(p)]) for tag, p in points.items()}

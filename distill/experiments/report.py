@@ -1,0 +1,318 @@
+"""`distill report SWEEP_DIR [--out DIR]`: tables, plots and factor importance of a sweep.
+
+Reads every run's `metrics.json` and settings (see `distill.experiments.records`) and writes,
+into `--out` (default `SWEEP_DIR/report`):
+
+- `runs.csv`: one row per run: run, finished, the knob columns, then the metric columns;
+- `report.md`: the knobs; accuracy on each test set (Countdown-3 and the harder variants) and
+  coverage (pass@k, distinct correct answers) by divergence x mix; forgetting, update sparsity
+  and style by learning rate and by every other knob; factor importance (for each outcome the
+  share of variance explained by each knob's main effect, eta², with bootstrap intervals, plus
+  the interaction and seed shares; see `distill.experiments.analysis`); cost per run and per
+  accuracy point; the plots;
+- `plots/*.png`: heatmaps divergence x mix, curves against learning rate, accuracy against mix
+  per divergence with seed error bars, and training curves of the KLs when TensorBoard event
+  files are present (the report works from committed files alone and then skips them).
+
+Cells are mean ± sample std (n runs) over seeds and over every knob not shown, which is
+pooled (averaged over); each table says which. Knobs with a single value are constants and are
+left out of the factor analysis; `seed` is the replicate, never a factor. Missing metrics are
+skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from distill.experiments.analysis import N_BOOT, Importance, factor_importance, summarize
+from distill.experiments.records import (
+    CURVE_TAGS,
+    REPLICATE,
+    RunRecord,
+    knob_values,
+    load_records,
+    metric_names,
+    write_csv,
+)
+from distill.experiments.spec import format_value
+
+SIDE_EFFECTS = (
+    "forgetting/mean_delta",
+    "sparsity/overall",
+    "sparsity/relative_update_norm",
+    "style/teacher_style_share",
+)
+COST = ("cost/flops", "cost/wall_s", "cost/teacher_generated_tokens", "cost/student_generated_tokens")
+ROW, COL, LR = "divergence", "mix", "lr"
+
+Axis = tuple[str, list[Any]]
+
+
+def _num(value: float) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def _cell(values: list[float]) -> str:
+    mean, std, n = summarize(values)
+    if n == 0:
+        return "—"
+    return f"{_num(mean)} ({n})" if n == 1 else f"{_num(mean)} ± {std:.2g} ({n})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def _select(records: list[RunRecord], metric: str, where: dict[str, Any]) -> list[float]:
+    return [
+        r.metrics[metric]
+        for r in records
+        if metric in r.metrics
+        and all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
+    ]
+
+
+def _pooled(factors: dict[str, list], shown: list[str]) -> str:
+    others = [k for k in factors if k not in shown]
+    text = "mean ± std (n runs) over seeds"
+    return text + (f", pooled over {', '.join(others)}" if others else "") + "."
+
+
+def _pivot(records: list[RunRecord], metric: str, row: Axis | None, col: Axis | None) -> list[str]:
+    row_knob, row_values = row or ("", [None])
+    col_knob, col_values = col or ("", [None])
+    header = [f"{row_knob} \\ {col_knob}" if row and col else (row_knob or "all")]
+    header += [f"{col_knob}={format_value(v)}" for v in col_values] if col else [metric]
+    rows = []
+    for rv in row_values:
+        cells = []
+        for cv in col_values:
+            where = {k: v for k, v in ((row_knob, rv), (col_knob, cv)) if k}
+            cells.append(_cell(_select(records, metric, where)))
+        rows.append([format_value(rv) if row else "all runs", *cells])
+    return _table(header, rows)
+
+
+def _by_knob(records: list[RunRecord], metrics: list[str], factors: dict[str, list]) -> list[str]:
+    order = sorted(factors, key=lambda k: k != LR)
+    rows = [
+        [f"{k}={format_value(v)}", *(_cell(_select(records, m, {k: v})) for m in metrics)]
+        for k in order
+        for v in factors[k]
+    ]
+    return _table(["setting", *metrics], rows)
+
+
+def _share(share) -> str:
+    if not math.isfinite(share.estimate):
+        return "—"
+    low, high = (f"{v:.3f}" if math.isfinite(v) else "—" for v in (share.low, share.high))
+    return f"{share.estimate:.3f} [{low}, {high}]"
+
+
+def importance(
+    records: list[RunRecord], outcomes: list[str], factors: list[str], n_boot: int
+) -> list[Importance]:
+    """Factor importance of each outcome over the finished runs that report it (and vary)."""
+    results = []
+    for metric in outcomes:
+        runs = [r for r in records if metric in r.metrics and math.isfinite(r.metrics[metric])]
+        if len(runs) < 2 or len({r.metrics[metric] for r in runs}) < 2:
+            continue
+        labels = {k: [format_value(r.settings.get(k)) for r in runs] for k in factors}
+        results.append(factor_importance([r.metrics[metric] for r in runs], labels, metric, n_boot=n_boot))
+    return results
+
+
+def _importance_section(results: list[Importance], factors: list[str]) -> list[str]:
+    lines = [
+        "## Which knob matters: factor importance",
+        "",
+        "Share of each outcome's variance across runs explained by each knob's main effect "
+        "(eta² = SS_between / SS_total), by interactions of knobs (the remainder), and by seeds "
+        "(within-cell variance: runs that share every knob value). Brackets: 95 % percentile "
+        f"bootstrap intervals ({results[0].resampling if results else 'seeds within cells'} resampled). "
+        "**Bold**: the largest main effect.",
+        "",
+    ]
+    rows = []
+    for imp in results:
+        top = imp.largest()
+        cells = [f"**{_share(imp.factors[k])}**" if k == top else _share(imp.factors[k]) for k in factors]
+        rows.append([imp.outcome, str(imp.n_runs), *cells, _share(imp.interactions), _share(imp.residual)])
+    lines += _table(["outcome", "runs", *factors, "interactions", "seeds (residual)"], rows)
+    for imp in results:
+        top = imp.factors[imp.largest()]
+        lines.append(
+            f"- {imp.outcome}: largest main effect **{imp.largest()}** ({top.estimate:.0%} of the variance); "
+            f"seeds {imp.residual.estimate:.0%}, interactions {imp.interactions.estimate:.0%}."
+        )
+    if any(imp.resampling == "runs" for imp in results):
+        lines.append(
+            "- With one run per cell (no seed replicates) seed noise cannot be told apart from "
+            "interactions: the seed share shows as 0 and whole runs are resampled."
+        )
+    return lines + [""]
+
+
+def _cost_section(
+    records: list[RunRecord], accuracy: str | None, row: Axis | None, col: Axis | None
+) -> list[str]:
+    costs = [m for m in COST if any(m in r.metrics for r in records)]
+    if not costs:
+        return []
+    values = [r.metrics[accuracy] for r in records if accuracy and accuracy in r.metrics]
+    point = 1.0 if values and max(values) > 1.0 else 0.01  # accuracy logged as a fraction unless > 1
+    lines = ["## Cost", ""]
+    if accuracy:
+        lines += [
+            f"Per run, mean over the runs of each cell. Cost per point: mean cost / mean {accuracy} "
+            f"in percentage points ({'values already in percent' if point == 1 else 'accuracy is a fraction'}).",
+            "",
+        ]
+    cells = [
+        {k: v for k, v in ((row[0] if row else "", rv), (col[0] if col else "", cv)) if k}
+        for rv in (row[1] if row else [None])
+        for cv in (col[1] if col else [None])
+    ]
+    header = ["cell", "runs", *costs] + ([accuracy, "FLOPs / point", "wall s / point"] if accuracy else [])
+    rows = []
+    for where in cells:
+        name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items()) or "all runs"
+        means = {m: summarize(_select(records, m, where))[0] for m in (*costs, accuracy) if m}
+        n = len(
+            [
+                r
+                for r in records
+                if all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
+            ]
+        )
+        row_cells = [name, str(n), *(_num(means[m]) for m in costs)]
+        if accuracy:
+            points = means[accuracy] / point if math.isfinite(means[accuracy]) else math.nan
+            per = {
+                m: means.get(m, math.nan) / points if points > 0 else math.inf
+                for m in ("cost/flops", "cost/wall_s")
+            }
+            row_cells += [_num(means[accuracy]), _num(per["cost/flops"]), _num(per["cost/wall_s"])]
+        rows.append(row_cells)
+    lines += _table(header, rows)
+    totals = {
+        m: sum(r.metrics.get(m, 0.0) for r in records) for m in ("cost/flops", "cost/wall_s") if m in costs
+    }
+    lines += [f"Sweep total {m}: {_num(v)}" for m, v in totals.items()]
+    return lines + [""]
+
+
+def _plots(records, knobs, factors, metrics, accuracy_metrics, out: Path) -> list[Path]:
+    from distill.experiments import plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    row = (ROW, factors[ROW]) if ROW in factors else None
+    col = (COL, factors[COL]) if COL in factors else None
+    paths = []
+    if row and col:
+        paths += [plots.heatmap(records, m, row, col, out) for m in accuracy_metrics]
+    if LR in factors:
+        lr_metrics = [m for m in (*SIDE_EFFECTS[:3], *accuracy_metrics[:1]) if m in metrics]
+        paths.append(
+            plots.against_knob(records, lr_metrics, (LR, factors[LR]), row, out, "vs_lr", log_x=True)
+        )
+    if col:
+        panels = (LR, factors[LR]) if LR in factors and len(factors[LR]) <= 6 else None
+        paths += [plots.accuracy_vs_mix(records, m, col, row, panels, out) for m in accuracy_metrics]
+    group = [k for k in (ROW, COL) if k in factors]
+    paths.append(plots.training_curves(records, group, CURVE_TAGS, out))
+    return [p for p in paths if p is not None]
+
+
+def build_report(
+    sweep_dir: Path, out: Path | None = None, n_boot: int = N_BOOT, with_plots: bool = True
+) -> Path:
+    """Write runs.csv, report.md and plots/ for a sweep directory; returns the report.md path."""
+    sweep_dir = Path(sweep_dir)
+    out = Path(out) if out is not None else sweep_dir / "report"
+    records = load_records(sweep_dir)
+    if not records:
+        raise FileNotFoundError(f"no run directories (with settings.json or metrics.json) in {sweep_dir}")
+    done = [r for r in records if r.finished]
+    all_knobs = knob_values(records, sweep_dir)
+    knobs = knob_values(done, sweep_dir)
+    factors = {k: v for k, v in knobs.items() if len(v) > 1 and k != REPLICATE}
+    metrics = metric_names(done)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(records, out / "runs.csv", list(all_knobs), metrics)
+
+    accuracy_metrics = [m for m in metrics if re.fullmatch(r"test/[^/]+/accuracy", m)]
+    coverage = [m for m in metrics if re.fullmatch(r"test/[^/]+/(pass@\d+|distinct_correct)", m)]
+    side = [m for m in metrics if m in SIDE_EFFECTS or re.fullmatch(r"forgetting/[^/]+/delta", m)]
+    row = (ROW, factors[ROW]) if ROW in factors else None
+    col = (COL, factors[COL]) if COL in factors else None
+    shown = [k for k in (ROW, COL) if k in factors]
+
+    lines = [f"# Sweep report: {sweep_dir.name}", ""]
+    lines += [
+        f"{len(done)} finished runs of {len(records)} in `{sweep_dir}`; every run is a row of `runs.csv`.",
+        "",
+    ]
+    if len(done) < len(records):
+        lines += ["Unfinished (left out): " + ", ".join(f"`{r.name}`" for r in records if not r.finished), ""]
+    role = {k: "factor" if k in factors else "replicate" if k == REPLICATE else "constant" for k in knobs}
+    lines += _table(
+        ["knob", "values", "role"], [[k, ", ".join(map(format_value, v)), role[k]] for k, v in knobs.items()]
+    )
+
+    for title, group in (("Accuracy", accuracy_metrics), ("Coverage", coverage)):
+        if group:
+            lines += [f"## {title} by {' × '.join(shown) or 'run'}", "", _pooled(factors, shown), ""]
+            for metric in group:
+                lines += [f"### {metric}", "", *_pivot(done, metric, row, col)]
+    if side and factors:
+        lines += ["## Forgetting, update sparsity and style by knob", ""]
+        lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]
+        lines += _by_knob(done, side, factors)
+    outcomes = accuracy_metrics + coverage + side + [m for m in metrics if m.startswith(("train/", "cost/"))]
+    results = importance(done, outcomes, list(factors), n_boot) if factors else []
+    if results:
+        lines += _importance_section(results, list(factors))
+    main_accuracy = "test/countdown3/accuracy" if "test/countdown3/accuracy" in metrics else None
+    lines += _cost_section(
+        done, main_accuracy or (accuracy_metrics[0] if accuracy_metrics else None), row, col
+    )
+    if with_plots and done:
+        paths = _plots(done, knobs, factors, metrics, accuracy_metrics, out / "plots")
+        if paths:
+            lines += ["## Plots", "", "Error bars: std over seeds (and over any pooled knob).", ""]
+            lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
+        if not any(p.name == "training_curves.png" for p in paths):
+            lines += ["No TensorBoard event files found: training curves skipped.", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    return out / "report.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `distill report`."""
+    parser = argparse.ArgumentParser(
+        prog="distill report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a sweep's output directory (the spec's 'out')")
+    parser.add_argument("--out", type=Path, help="report directory (default: SWEEP_DIR/report)")
+    parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT})")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    args = parser.parse_args(argv)
+    if args.n_boot < 10:
+        print(f"distill report: --n-boot must be >= 10, got {args.n_boot}", file=sys.stderr)
+        return 2
+    try:
+        path = build_report(args.sweep_dir, args.out, args.n_boot, not args.no_plots)
+    except FileNotFoundError as err:
+        print(f"distill report: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} and {path.parent / 'runs.csv'}")
+    return 0

@@ -1,0 +1,192 @@
+"""`distill report` on a synthetic sweep with planted effects (no training)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import yaml
+
+from distill.experiments.records import load_records
+from distill.experiments.report import importance, main
+from distill.experiments.spec import run_name
+
+DIVS = ["forward_kl", "reverse_kl", "jsd"]
+BASE_ACC = {"forward_kl": 0.2, "reverse_kl": 0.5, "jsd": 0.35}
+MIXES, LRS, SEEDS = [0, 0.5, 1], [1e-4, 1e-3], [0, 1, 2]
+
+
+def _metrics(div, mix, lr, rng):
+    acc = BASE_ACC[div] + 0.02 * mix + 0.01 * rng.normal()
+    return {
+        "test/countdown3/accuracy": acc,  # planted: divergence
+        "test/countdown4/accuracy": acc / 2,
+        "test/countdown3/pass@4": 0.3 + 0.4 * mix + 0.01 * rng.normal(),  # planted: mix
+        "forgetting/mean_delta": -0.3 * math.log10(lr / 1e-4) + 0.01 * rng.normal(),  # planted: lr
+        "sparsity/overall": 0.9 - 0.5 * (lr == 1e-3) + 0.01 * rng.normal(),  # planted: lr
+        "cost/flops": 1e12 * (1 + mix),
+        "cost/wall_s": 10.0 + rng.random(),
+        "task/constant": 1.0,
+    }
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """A 3 x 3 x 2 x 3 sweep directory; one run is unfinished, one has only overrides.yaml."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "sweep"
+    root.mkdir()
+    axes = {"mix": MIXES, "divergence": DIVS, "lr": LRS, "seed": SEEDS}
+    (root / "sweep.json").write_text(json.dumps({"name": "synthetic", "axes": axes}))
+    (root / "rollout_cache").mkdir()
+    for i, (mix, div, lr, seed) in enumerate(itertools.product(MIXES, DIVS, LRS, SEEDS)):
+        settings = {"mix": mix, "divergence": div, "lr": lr, "seed": seed}
+        run_dir = root / run_name(settings)
+        run_dir.mkdir()
+        metrics = {"status": "finished", "metrics": _metrics(div, mix, lr, rng), "settings": {}}
+        if i == 5:  # a killed run: its truncated metrics.json must not count
+            (run_dir / "metrics.json").write_text('{"status": "fini')
+        else:
+            (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        if i == 7:  # settings only in overrides.yaml (full config paths and class path)
+            class_path = {"forward_kl": "ForwardKL", "reverse_kl": "ReverseKL", "jsd": "GeneralizedJSD"}[div]
+            overrides = {
+                "data": {"mix": mix},
+                "model": {
+                    "divergence": {"class_path": f"distill.losses.{class_path}"},
+                    "optimizer": {"init_args": {"lr": lr}},
+                },
+                "seed_everything": seed,
+            }
+            (run_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        else:
+            (run_dir / "settings.json").write_text(json.dumps({"settings": settings}))
+    return root
+
+
+def test_records_read_settings_from_files_not_names(sweep):
+    records = load_records(sweep)
+    assert len(records) == 54 and sum(not r.finished for r in records) == 1
+    fallback = [r for r in records if not (r.run_dir / "settings.json").exists()]
+    assert len(fallback) == 1 and set(fallback[0].settings) == {"mix", "divergence", "lr", "seed"}
+    assert fallback[0].settings["divergence"] in DIVS
+
+
+def test_factor_analysis_names_the_planted_knob(sweep):
+    done = [r for r in load_records(sweep) if r.finished]
+    outcomes = [
+        "test/countdown3/accuracy",
+        "test/countdown3/pass@4",
+        "forgetting/mean_delta",
+        "sparsity/overall",
+    ]
+    results = {
+        imp.outcome: imp for imp in importance(done, outcomes, ["mix", "divergence", "lr"], n_boot=200)
+    }
+    planted = {
+        "test/countdown3/accuracy": "divergence",
+        "test/countdown3/pass@4": "mix",
+        "forgetting/mean_delta": "lr",
+        "sparsity/overall": "lr",
+    }
+    for outcome, knob in planted.items():
+        imp = results[outcome]
+        assert imp.largest() == knob and imp.factors[knob].estimate > 0.9, (outcome, imp)
+        others = [s.high for k, s in imp.factors.items() if k != knob]
+        assert imp.factors[knob].low > max(others)  # separated by the intervals too
+        assert imp.n_runs == 53
+
+
+def test_report_writes_csv_markdown_and_plots(sweep, capsys):
+    assert main([str(sweep), "--n-boot", "100"]) == 0
+    out = sweep / "report"
+    assert "wrote" in capsys.readouterr().out
+    with open(out / "runs.csv") as f:
+        rows = list(csv.reader(f))
+    header = rows[0]
+    assert header[:6] == ["run", "finished", "mix", "divergence", "lr", "seed"]  # spec order
+    assert header[6:10] == [
+        "test/countdown3/accuracy",
+        "test/countdown4/accuracy",
+        "test/countdown3/pass@4",
+        "forgetting/mean_delta",
+    ]
+    assert len(rows) == 55 and sum(row[1] == "false" for row in rows[1:]) == 1
+    by_name = {row[0]: dict(zip(header, row)) for row in rows[1:]}
+    one = by_name["divergence=jsd,lr=1e-3,mix=0.5,seed=2"]
+    assert one["lr"] == "1e-3" and one["divergence"] == "jsd"
+    stored = json.loads((sweep / one["run"] / "metrics.json").read_text())["metrics"]
+    assert float(one["forgetting/mean_delta"]) == stored["forgetting/mean_delta"]
+
+    text = (out / "report.md").read_text()
+    for heading in (
+        "## Accuracy by divergence × mix",
+        "### test/countdown4/accuracy",
+        "## Coverage",
+        "## Cost",
+    ):
+        assert heading in text
+    assert "pooled over lr" in text and "| lr=1e-4 |" in text
+    assert "- test/countdown3/accuracy: largest main effect **divergence** (99% of" in text
+    assert "- forgetting/mean_delta: largest main effect **lr** (100% of" in text
+    assert "- test/countdown3/pass@4: largest main effect **mix** (100% of" in text
+    assert "| seed | 0, 1, 2 | replicate |" in text and "Unfinished (left out)" in text
+    assert "task/constant" not in text.split("## Which knob matters")[1].split("## Cost")[0]
+    # an accuracy cell against an independent mean/std
+    cell = [
+        r.metrics["test/countdown3/accuracy"]
+        for r in load_records(sweep)
+        if r.finished and r.settings["divergence"] == "jsd" and r.settings["mix"] == 0.5
+    ]
+    expected = f"{np.mean(cell):.4g} ± {np.std(cell, ddof=1):.2g} ({len(cell)})"
+    assert re.search(rf"\| jsd \|[^\n]*{re.escape(expected)}", text)
+    # cost per accuracy point: FLOPs / (100 x accuracy) in the forward_kl, mix=0 cell
+    cell = [
+        r.metrics
+        for r in load_records(sweep)
+        if r.finished and r.settings["divergence"] == "forward_kl" and r.settings["mix"] == 0
+    ]
+    per_point = np.mean([m["cost/flops"] for m in cell]) / (
+        100 * np.mean([m["test/countdown3/accuracy"] for m in cell])
+    )
+    assert f"{per_point:.4g}" in text
+
+    plots = sorted(p.name for p in (out / "plots").iterdir())
+    assert "heatmap_test_countdown3_accuracy.png" in plots and "vs_lr.png" in plots
+    assert "vs_mix_test_countdown4_accuracy.png" in plots and "training_curves.png" not in plots
+    for name in plots:
+        data = (out / "plots" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        assert f"](plots/{name})" in text
+    assert "training curves skipped" in text
+
+
+def test_training_curves_from_tensorboard_events(sweep, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for run_dir in sorted(p for p in sweep.iterdir() if p.name.startswith("divergence="))[:4]:
+        writer = SummaryWriter(str(run_dir / "tensorboard" / "version_0"))
+        for step in range(0, 50, 5):
+            writer.add_scalar("train/forward_kl", 2.0 / (1 + step), step)
+            writer.add_scalar("train/reverse_kl", 1.0 / (1 + step), step)
+        writer.close()
+    from distill.experiments.records import read_curves
+
+    steps, values = read_curves(run_dir)["train/forward_kl"]
+    assert steps == list(range(0, 50, 5)) and values[2] == pytest.approx(2.0 / 11)
+    assert main([str(sweep), "--out", str(tmp_path / "rep"), "--n-boot", "50"]) == 0
+    png = (tmp_path / "rep" / "plots" / "training_curves.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and len(png) > 10_000
+    assert "training curves skipped" not in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_report_errors_are_clear(tmp_path, capsys):
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2
+    assert "no run directories" in capsys.readouterr().err
