@@ -134,7 +134,7 @@ class TokenDivergence(nn.Module):
         n = student_logits.shape[0] * student_logits.shape[1]
         rows = torch.arange(n, device=student_logits.device)
         ones = torch.ones(n, dtype=compute_dtype(student_logits), device=student_logits.device)
-        return self._apply(
+        return self._run_rows(
             student_logits, teacher_logits, rows, ones, width, tokens, behaviour_logprobs, False
         )
 
@@ -158,11 +158,11 @@ class TokenDivergence(nn.Module):
         width = self._check_inputs(student_logits, teacher_logits, mask, tokens, behaviour_logprobs)
         scale = row_scale(mask, num_items, compute_dtype(student_logits))
         rows = torch.nonzero(scale).view(-1)
-        return self._apply(
+        return self._run_rows(
             student_logits, teacher_logits, rows, scale, width, tokens, behaviour_logprobs, True
         )
 
-    def _apply(self, student, teacher, rows, scale, width, tokens, behaviour_logprobs, reduce) -> Tensor:
+    def _run_rows(self, student, teacher, rows, scale, width, tokens, behaviour_logprobs, reduce) -> Tensor:
         if self.sampled and rows.numel():
             b, t = rows // tokens.shape[1], rows % tokens.shape[1]
             used = tokens[b, t]
