@@ -1,0 +1,11 @@
+"""Sweeps, run directories, aggregation, report and plots.
+
+- `spec`: the sweep spec format (YAML), axis shorthands, expansion into runs and run names;
+- `rundirs`: what a run directory holds, when a run is finished, resuming, the fit command;
+- `sweep`: `distill sweep SPEC` (local runner: `--jobs`, `--dry-run`, `--only`);
+- `slurm`: `distill sweep SPEC --emit-slurm FILE` (a job array, one task per run);
+- `records`: reading a sweep directory back (settings + metrics per run, runs.csv, TB curves);
+- `analysis`: factor importance (eta² per knob with bootstrap intervals);
+- `plots`: the report's PNG figures;
+- `report`: `distill report SWEEP_DIR` (runs.csv, report.md, plots/).
+"""

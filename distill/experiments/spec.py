@@ -32,20 +32,27 @@ whose values are passed through as they are. Shorthand values are checked before
     lr             model.optimizer.init_args.lr          > 0
     seed           seed_everything                       integer >= 0 (replicates in the report)
     estimator      model.divergence.init_args.estimator  exact | k1 | k2 | k3 | topk
-    gradient_clip  trainer.gradient_clip_val             >= 0 or null
+    gradient_clip  model.gradient_clip_val               > 0 or null (the module clips: it steps
+                                                         its optimiser itself, so Lightning's
+                                                         trainer.gradient_clip_val cannot apply)
     divergence     model.divergence.class_path           forward_kl | reverse_kl | jsd | skew_kl |
                    skew_reverse_kl | tvd | interpolated_kl (-> distill.losses.ForwardKL, ReverseKL,
                    GeneralizedJSD, SkewKL, SkewReverseKL, TotalVariation, InterpolatedKL)
 
-`overrides` takes the same keys. Settings are recorded under the shorthand name even when the
+`model.init_args.X` may be written `model.X` (the model is a `class_path` entry; jsonargparse
+merges a bare `model.X` into its init_args) and is recorded that way. `overrides` takes the
+same keys. Settings are recorded under the shorthand name even when the
 spec uses the full path, so the report groups `data.mix` and `mix` alike.
 
 Each run gets the directory `<out>/<name>`, where the name lists the settings sorted by axis,
 e.g. `divergence=forward_kl,lr=3e-4,mix=0.25,seed=0` (floats in their shortest form that reads
 back to the same number). A dotted axis appears under its full path unless it has a shorthand.
 
-Chained stages (e.g. GRPO from each distilled student) are reserved for a later `stages:` list;
-a spec that has one is rejected rather than silently run as a single stage.
+Chained stages (e.g. GRPO from each distilled student) are reserved for a later `stages:` list,
+each entry a spec of its own (`name`, `base`, `overrides`, `axes`) plus `after: <stage>`, meaning
+one run per finished run of that stage with `model.student` set to its `student/` export, the
+run directories nested as `<out>/<stage>/<name>`. Until that is implemented a spec with `stages`
+is rejected rather than silently run as a single stage.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ DIVERGENCES: dict[str, str] = {
 GRANULARITIES = ("batch", "sequence", "token", "speculative")
 ESTIMATORS = ("exact", "k1", "k2", "k3", "topk")
 ROOTS = ("trainer", "model", "data")
+MODEL_INIT_ARGS = "model.init_args."
 # Keys the runner itself sets on the command line; an axis or override may not set them.
 RESERVED_PATHS = ("run_dir", "ckpt_path")
 SPEC_KEYS = ("name", "base", "out", "overrides", "axes", "slurm")
@@ -120,7 +128,7 @@ def _positive(axis: str, value: Any) -> None:
 
 def _clip(axis: str, value: Any) -> None:
     if value is not None:
-        _number(axis, value, low=0)
+        _positive(axis, value)
 
 
 @dataclass(frozen=True)
@@ -137,7 +145,7 @@ SHORTHANDS: dict[str, Shorthand] = {
     "lr": Shorthand("model.optimizer.init_args.lr", _positive),
     "seed": Shorthand("seed_everything", _seed),
     "estimator": Shorthand("model.divergence.init_args.estimator", _choice(ESTIMATORS)),
-    "gradient_clip": Shorthand("trainer.gradient_clip_val", _clip),
+    "gradient_clip": Shorthand("model.gradient_clip_val", _clip),
     "divergence": Shorthand("model.divergence.class_path", _choice(tuple(DIVERGENCES)), DIVERGENCES.get),
 }
 PATH_TO_SHORTHAND = {s.path: name for name, s in SHORTHANDS.items()}
@@ -217,6 +225,8 @@ def canonical_axis(axis: Any) -> tuple[str, str]:
     """(canonical name, dotted config path) of an axis or override key; raises SpecError."""
     if not isinstance(axis, str) or not axis:
         raise SpecError(f"axis {axis!r}: must be a non-empty string")
+    if axis.startswith(MODEL_INIT_ARGS):  # jsonargparse reads model.x as model.init_args.x
+        axis = "model." + axis[len(MODEL_INIT_ARGS) :]
     if axis in SHORTHANDS:
         return axis, SHORTHANDS[axis].path
     if axis in PATH_TO_SHORTHAND:

@@ -71,7 +71,7 @@ def test_every_shorthand_maps_to_its_path(tmp_path):
         "class_path": "distill.losses.GeneralizedJSD",
         "init_args": {"estimator": "k3"},
     }
-    assert tree["seed_everything"] == 7 and tree["trainer"]["gradient_clip_val"] == 1.0
+    assert tree["seed_everything"] == 7 and tree["model"]["gradient_clip_val"] == 1.0
     assert DIVERGENCES["interpolated_kl"] == "distill.losses.InterpolatedKL"
 
 
@@ -83,6 +83,11 @@ def test_dotted_axes_and_full_paths_of_shorthands(tmp_path):
         "mix=0.5,model.divergence.init_args.beta=0.9",
     ]
     assert runs[1].overrides["model.divergence.init_args.beta"] == 0.9
+    # the model is a class_path entry: model.init_args.X is the same key as model.X
+    (run,) = expand(_spec(tmp_path, axes={"model.init_args.optimizer.init_args.lr": [1e-3]}))
+    assert run.settings == {"lr": 1e-3} and run.overrides == {"model.optimizer.init_args.lr": 1e-3}
+    with pytest.raises(SpecError, match="duplicate axis 'model.init_args.divergence.class_path'"):
+        _spec(tmp_path, axes={"divergence": ["tvd"], "model.init_args.divergence.class_path": ["x.Y"]})
 
 
 @pytest.mark.parametrize(
@@ -97,6 +102,7 @@ def test_dotted_axes_and_full_paths_of_shorthands(tmp_path):
         ({"mix": [0.5, 1.5]}, r"value 1.5 must lie in \[0, 1\]"),
         ({"lr": ["fast"]}, "'lr': value 'fast' must be a finite number"),
         ({"seed": [0.5]}, "non-negative integer"),
+        ({"gradient_clip": [0.0]}, "'gradient_clip': value 0.0 must be > 0"),
         ({"granularity": ["word"]}, "allowed: batch, sequence, token, speculative"),
         ({"mix": [0.5], "data.mix": [0.25]}, "duplicate axis 'data.mix'"),
         ({"mix": [0, 0.0]}, "repeated value"),
