@@ -277,7 +277,14 @@ def build_report(
         lines += ["## Forgetting, update sparsity and style by knob", ""]
         lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]
         lines += _by_knob(done, side, factors)
-    outcomes = accuracy_metrics + coverage + side + [m for m in metrics if m.startswith(("train/", "cost/"))]
+    # Outcomes only: diagnostics such as train/loss (different objectives) or train/grad_norm are left out.
+    outcomes = (
+        accuracy_metrics
+        + coverage
+        + side
+        + [m for m in metrics if m in ("train/forward_kl", "train/reverse_kl")]
+    )
+    outcomes += [m for m in metrics if m.startswith("cost/")]
     results = importance(done, outcomes, list(factors), n_boot) if factors else []
     if results:
         lines += _importance_section(results, list(factors))
@@ -291,7 +298,7 @@ def build_report(
             lines += ["## Plots", "", "Error bars: std over seeds (and over any pooled knob).", ""]
             lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
         if not any(p.name == "training_curves.png" for p in paths):
-            lines += ["No TensorBoard event files found: training curves skipped.", ""]
+            lines += [f"No TensorBoard scalars {', '.join(CURVE_TAGS)} found: training curves skipped.", ""]
     (out / "report.md").write_text("\n".join(lines))
     return out / "report.md"
 

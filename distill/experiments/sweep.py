@@ -220,6 +220,11 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = run_sweep(spec, runs, args.jobs, fit_prefix)
+    except KeyboardInterrupt:
+        print(
+            "\n[sweep] interrupted; running fits stopped. Rerun the same command to resume.", file=sys.stderr
+        )
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(

@@ -163,7 +163,7 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
         data = (out / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
         assert f"](plots/{name})" in text
-    assert "training curves skipped" in text
+    assert "found: training curves skipped" in text
 
 
 def test_training_curves_from_tensorboard_events(sweep, tmp_path):
@@ -182,7 +182,7 @@ def test_training_curves_from_tensorboard_events(sweep, tmp_path):
     assert main([str(sweep), "--out", str(tmp_path / "rep"), "--n-boot", "50"]) == 0
     png = (tmp_path / "rep" / "plots" / "training_curves.png").read_bytes()
     assert png[:4] == b"\x89PNG" and len(png) > 10_000
-    assert "training curves skipped" not in (tmp_path / "rep" / "report.md").read_text()
+    assert "found: training curves skipped" not in (tmp_path / "rep" / "report.md").read_text()
 
 
 def test_report_errors_are_clear(tmp_path, capsys):

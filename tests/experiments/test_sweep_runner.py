@@ -146,8 +146,8 @@ def test_killed_sweep_process_stops_its_fits_and_resumes(grid_spec, fake_fit, tm
         time.sleep(0.05)
     time.sleep(0.3)  # the second fit is now mid-way
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    assert proc.returncode != 0
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Rerun the same command to resume" in output
     time.sleep(1.0)  # an orphaned fit would finish within this
     finished = [rundirs.is_finished(tmp_path / "runs" / n) for n in NAMES]
     assert finished == [True, False, False, False]  # the fit in flight was stopped with the sweep
