@@ -5,7 +5,8 @@ into `--out` (default `SWEEP_DIR/report`):
 
 - `runs.csv`: one row per run: run, finished, the knob columns, then the metric columns;
 - `report.md`: the knobs; accuracy on each test set (Countdown-3 and the harder variants) and
-  coverage (pass@k, distinct correct answers) by divergence x mix; forgetting, update sparsity
+  coverage (pass@k, distinct correct answers) by divergence x mix (where those do not vary, by
+  the first knobs that do); forgetting, update sparsity
   and style by learning rate and by every other knob; factor importance (for each outcome the
   share of variance explained by each knob's main effect, eta², with bootstrap intervals, plus
   the interaction and seed shares; see `distill.experiments.analysis`); cost per run and per
@@ -210,24 +211,33 @@ def _cost_section(
     return lines + [""]
 
 
-def _plots(records, knobs, factors, metrics, accuracy_metrics, out: Path) -> list[Path]:
+def table_axes(factors: dict[str, list]) -> tuple[Axis | None, Axis | None]:
+    """Rows and columns of the main tables: divergence x mix where they vary, else the first
+    varying knobs in their place."""
+    chosen = [k for k in (ROW, COL) if k in factors] + [k for k in factors if k not in (ROW, COL)]
+    axes = [(k, factors[k]) for k in chosen[:2]]
+    return (axes + [None, None])[0], (axes + [None, None])[1]
+
+
+def _plots(records, factors, metrics, accuracy_metrics, out: Path) -> list[Path]:
     from distill.experiments import plots
 
     out.mkdir(parents=True, exist_ok=True)
-    row = (ROW, factors[ROW]) if ROW in factors else None
-    col = (COL, factors[COL]) if COL in factors else None
+    row, col = table_axes(factors)
+    lines = (ROW, factors[ROW]) if ROW in factors else None
     paths = []
     if row and col:
         paths += [plots.heatmap(records, m, row, col, out) for m in accuracy_metrics]
     if LR in factors:
         lr_metrics = [m for m in (*SIDE_EFFECTS[:3], *accuracy_metrics[:1]) if m in metrics]
         paths.append(
-            plots.against_knob(records, lr_metrics, (LR, factors[LR]), row, out, "vs_lr", log_x=True)
+            plots.against_knob(records, lr_metrics, (LR, factors[LR]), lines, out, "vs_lr", log_x=True)
         )
-    if col:
+    if COL in factors:
         panels = (LR, factors[LR]) if LR in factors and len(factors[LR]) <= 6 else None
-        paths += [plots.accuracy_vs_mix(records, m, col, row, panels, out) for m in accuracy_metrics]
-    group = [k for k in (ROW, COL) if k in factors]
+        mix = (COL, factors[COL])
+        paths += [plots.accuracy_vs_mix(records, m, mix, lines, panels, out) for m in accuracy_metrics]
+    group = [axis[0] for axis in (row, col) if axis]
     paths.append(plots.training_curves(records, group, CURVE_TAGS, out))
     return [p for p in paths if p is not None]
 
@@ -252,9 +262,8 @@ def build_report(
     accuracy_metrics = [m for m in metrics if re.fullmatch(r"test/[^/]+/accuracy", m)]
     coverage = [m for m in metrics if re.fullmatch(r"test/[^/]+/(pass@\d+|distinct_correct)", m)]
     side = [m for m in metrics if m in SIDE_EFFECTS or re.fullmatch(r"forgetting/[^/]+/delta", m)]
-    row = (ROW, factors[ROW]) if ROW in factors else None
-    col = (COL, factors[COL]) if COL in factors else None
-    shown = [k for k in (ROW, COL) if k in factors]
+    row, col = table_axes(factors)
+    shown = [axis[0] for axis in (row, col) if axis]
 
     lines = [f"# Sweep report: {sweep_dir.name}", ""]
     lines += [
@@ -293,7 +302,7 @@ def build_report(
         done, main_accuracy or (accuracy_metrics[0] if accuracy_metrics else None), row, col
     )
     if with_plots and done:
-        paths = _plots(done, knobs, factors, metrics, accuracy_metrics, out / "plots")
+        paths = _plots(done, factors, metrics, accuracy_metrics, out / "plots")
         if paths:
             lines += ["## Plots", "", "Error bars: std over seeds (and over any pooled knob).", ""]
             lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]

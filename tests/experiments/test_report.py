@@ -190,3 +190,19 @@ def test_report_errors_are_clear(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main([str(tmp_path)]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+def test_tables_fall_back_to_the_knobs_that_vary(sweep, tmp_path):
+    import shutil
+
+    for run_dir in sweep.iterdir():
+        if run_dir.name.startswith("divergence=") and not run_dir.name.startswith("divergence=jsd,"):
+            shutil.rmtree(run_dir)
+    # left: divergence=jsd only (a constant); mix and lr vary; 3 seeds
+    assert main([str(sweep), "--out", str(tmp_path / "r"), "--n-boot", "50"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "| divergence | jsd | constant |" in text
+    assert "## Accuracy by mix × lr" in text and "| mix \\ lr | lr=1e-4 | lr=1e-3 |" in text
+    assert "pooled over" not in text.split("## Coverage")[0]
+    assert (tmp_path / "r" / "plots" / "heatmap_test_countdown3_accuracy.png").stat().st_size > 10_000
+    assert "| outcome | runs | mix | lr | interactions | seeds (residual) |" in text
