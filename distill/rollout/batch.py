@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import copy
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -64,14 +65,11 @@ class RolloutBatch:
         return float(self.teacher_token_mask.sum()) / total if total else 0.0
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        """A copy with every tensor on `device` (counters unchanged)."""
-        return replace(
-            self,
-            input_ids=self.input_ids.to(device),
-            attention_mask=self.attention_mask.to(device),
-            completion_mask=self.completion_mask.to(device),
-            teacher_token_mask=self.teacher_token_mask.to(device),
-        )
+        """A copy with every tensor on `device` (counters unchanged; not re-validated)."""
+        moved = copy.copy(self)
+        for name in ("input_ids", "attention_mask", "completion_mask", "teacher_token_mask"):
+            setattr(moved, name, getattr(self, name).to(device))
+        return moved
 
     def prompt_ids(self) -> list[list[int]]:
         """Each row's prompt token ids, padding removed."""
