@@ -6,7 +6,7 @@ by axis name, which the report reads). The fit then writes `config.yaml`, `env.j
 `checkpoints/`, `tensorboard/`, `student/`, and last, atomically, `metrics.json`.
 
 A run is finished iff its `metrics.json` parses and has `"status": "finished"`. Finished runs are
-never touched. An unfinished run resumes from `checkpoints/last.ckpt` when there is one;
+never touched, even when the spec's fixed overrides have changed since (use a new `out` then). An unfinished run resumes from `checkpoints/last.ckpt` when there is one;
 otherwise its partial contents are cleared and it starts afresh.
 """
 
