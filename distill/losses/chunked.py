@@ -25,12 +25,19 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _scaled_rows(x: Tensor, b: Tensor, t: Tensor, width: int, temperature: float, dtype) -> Tensor:
-    """Copy of ``x[b, t, :width] / temperature`` in ``dtype`` (a fresh tensor, never a view of ``x``)."""
-    rows = x[b, t, :width]  # advanced indexing copies only this chunk, whatever the strides of x
+def _flat(x: Tensor) -> Tensor | None:
+    """``x`` as ``[B*T, V]`` without a copy, or None when its strides do not allow it."""
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return None
+
+
+def _scaled(rows: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
+    """``rows / temperature`` in ``dtype``; may be a view of the input (kernels never write to it)."""
     u = rows.to(dtype)
     if temperature != 1.0:
-        u.div_(temperature)
+        u = u / temperature if u.data_ptr() == rows.data_ptr() else u.div_(temperature)
     return u
 
 
@@ -45,26 +52,42 @@ def _run(
     chunk_size: int,
     want_grad: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """Values ``[B*T]`` (zero outside ``rows``; float32, float64 for float64 inputs) and, if asked, ``row_scale``-scaled logit gradients."""
+    """Values ``[B*T]`` (zero outside ``rows``; float32, or float64 for float64 inputs) and, if
+    ``want_grad``, the gradient w.r.t. ``student`` scaled per row by ``row_scale``."""
     batch, seq = student.shape[:2]
+    n = batch * seq
     dtype = compute_dtype(student)
-    values = torch.zeros(batch * seq, dtype=dtype, device=student.device)
+    values = torch.zeros(n, dtype=dtype, device=student.device)
     grad = None
     if want_grad:
-        partial = rows.numel() < batch * seq or width < student.shape[-1]
+        partial = rows.numel() < n or width < student.shape[-1]
         alloc = torch.zeros if partial else torch.empty
         grad = alloc(student.shape, dtype=student.dtype, device=student.device)
+    flats = (_flat(student), _flat(teacher), None if grad is None else grad.view(n, -1))
+    # Every position selected and flat views available: contiguous slices, no gather copies.
+    dense = rows.numel() == n and flats[0] is not None and flats[1] is not None
     for start in range(0, rows.numel(), chunk_size):
-        r = rows[start : start + chunk_size]
-        b, t = r // seq, r % seq
-        u_s = _scaled_rows(student, b, t, width, temperature, dtype)
-        u_t = _scaled_rows(teacher, b, t, width, temperature, dtype)
-        value, g = kernel(u_s, u_t, b, t, want_grad)
-        del u_s, u_t
+        if dense:
+            r = slice(start, min(start + chunk_size, n))
+            b = t = torch.arange(r.start, r.stop, device=student.device)
+            b, t = b // seq, t % seq
+            s_rows, t_rows = flats[0][r, :width], flats[1][r, :width]
+        else:
+            r = rows[start : start + chunk_size]
+            b, t = r // seq, r % seq
+            # advanced indexing copies only this chunk, whatever the strides of the inputs
+            s_rows, t_rows = student[b, t, :width], teacher[b, t, :width]
+        value, g = kernel(
+            _scaled(s_rows, temperature, dtype), _scaled(t_rows, temperature, dtype), b, t, want_grad
+        )
+        del s_rows, t_rows
         values[r] = value
         if grad is not None and g is not None:
             g.mul_((row_scale[r] / temperature).unsqueeze(-1))
-            grad[b, t, :width] = g.to(grad.dtype)
+            if dense:
+                flats[2][r, :width].copy_(g)
+            else:
+                grad[b, t, :width] = g.to(grad.dtype)
         del g
     return values, grad
 

@@ -4,7 +4,8 @@ Every function here works on a chunk of rows ``[n, V]`` already in float32 (floa
 are float64, for gradcheck) and already divided by the temperature. A divergence is described by a *terms* function ``terms(s, t, p_s, p_t) -> (value, g)``
 where ``s``/``t`` are the student/teacher log-probabilities, ``p_s``/``p_t`` their probabilities,
 ``value`` is the divergence per row and ``g = p_s * dL/dp_s`` (the derivative with respect to the
-student's log-probabilities taken as free variables). The gradient with respect to the student's
+student's log-probabilities taken as free variables). A terms function may overwrite ``s``, ``t``
+and ``p_t`` (to save ``[n, V]`` allocations) but never ``p_s``. The gradient with respect to the student's
 (scaled) logits then follows from the softmax Jacobian as ``g - p_s * sum(g)``, which is what
 :func:`logit_grad` computes; no ``[n, V]`` autograd graph is ever built.
 """
@@ -67,17 +68,18 @@ def _log_mix(a: Tensor, wa: float, b: Tensor, wb: float) -> Tensor:
         return b.clone()
     if wb == 0.0:
         return a.clone()
-    return torch.logaddexp(a + math.log(wa), b + math.log(wb))
+    m = a + math.log(wa)
+    return torch.logaddexp(m, b + math.log(wb), out=m)
 
 
 def forward_kl_terms(s: Tensor, t: Tensor, p_s: Tensor, p_t: Tensor) -> tuple[Tensor, Tensor]:
     """KL(p_T || p_S) = sum p_T (log p_T - log p_S); g = -p_T."""
-    return rowdot(p_t, t - s), -p_t
+    return rowdot(p_t, t.sub_(s)), p_t.neg_()
 
 
 def reverse_kl_terms(s: Tensor, t: Tensor, p_s: Tensor, p_t: Tensor) -> tuple[Tensor, Tensor]:
     """KL(p_S || p_T) = sum p_S (log p_S - log p_T); g = p_S (log p_S - log p_T + 1)."""
-    d = s - t
+    d = s.sub_(t)
     value = rowdot(p_s, d)
     return value, d.add_(1.0).mul_(p_s)
 
@@ -95,8 +97,8 @@ def jsd_terms(beta: float) -> Terms:
 
     def terms(s: Tensor, t: Tensor, p_s: Tensor, p_t: Tensor) -> tuple[Tensor, Tensor]:
         m = _log_mix(t, beta, s, 1.0 - beta)
-        value = beta * rowdot(p_t, t - m)
-        d = (s - m).mul_(p_s)  # p_S (log p_S - log M); dL/dp_S = (1 - beta)(log p_S - log M)
+        value = beta * rowdot(p_t, t.sub_(m))
+        d = s.sub_(m).mul_(p_s)  # p_S (log p_S - log M); dL/dp_S = (1 - beta)(log p_S - log M)
         value += (1.0 - beta) * d.sum(dim=-1)
         return value, d.mul_(1.0 - beta)
 
@@ -108,9 +110,9 @@ def skew_kl_terms(alpha: float) -> Terms:
 
     def terms(s: Tensor, t: Tensor, p_s: Tensor, p_t: Tensor) -> tuple[Tensor, Tensor]:
         m = _log_mix(t, alpha, s, 1.0 - alpha)
-        value = rowdot(p_t, t - m)
-        g = (s + t).sub_(m).exp_().mul_(-(1.0 - alpha))
-        return value, g
+        tm = t.sub_(m)
+        value = rowdot(p_t, tm)
+        return value, tm.add_(s).exp_().mul_(-(1.0 - alpha))
 
     return terms
 
@@ -125,10 +127,10 @@ def skew_reverse_kl_terms(alpha: float) -> Terms:
         m = _log_mix(t, 1.0 - alpha, s, alpha)
         d = s - m
         value = rowdot(p_s, d)
-        g = d.add_(1.0).mul_(p_s)
-        if alpha > 0.0:
-            g -= alpha * (2.0 * s - m).exp_()
-        return value, g
+        if alpha == 0.0:
+            return value, d.add_(1.0).mul_(p_s)
+        sq = s.add_(d).exp_()  # exp(2 log p_S - log M) = p_S^2 / M
+        return value, d.add_(1.0).mul_(p_s).sub_(sq, alpha=alpha)
 
     return terms
 
@@ -148,9 +150,10 @@ def interpolated_kl_terms(weight: float) -> Terms:
         return reverse_kl_terms
 
     def terms(s: Tensor, t: Tensor, p_s: Tensor, p_t: Tensor) -> tuple[Tensor, Tensor]:
-        fwd, g = forward_kl_terms(s, t, p_s, p_t)
-        rev, g_rev = reverse_kl_terms(s, t, p_s, p_t)
-        return weight * fwd + (1.0 - weight) * rev, g_rev.mul_(1.0 - weight).add_(g, alpha=weight)
+        d = s.sub_(t)  # log p_S - log p_T
+        value = weight * rowdot(p_t, d).neg_() + (1.0 - weight) * rowdot(p_s, d)
+        g = d.add_(1.0).mul_(p_s).mul_(1.0 - weight).sub_(p_t, alpha=weight)
+        return value, g
 
     return terms
 

@@ -1,7 +1,9 @@
-"""Naive float64 reference divergences, written from the definitions (independent of distill.losses)."""
+"""Fixtures: naive float64 reference divergences, written from the definitions (independent of
+distill.losses). Served as fixtures because the suite runs with --import-mode=importlib."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributions import Categorical, kl_divergence
 
@@ -46,13 +48,14 @@ def reference(name: str, student, teacher, temperature: float = 1.0, **params) -
     raise KeyError(name)
 
 
-# One parameter setting per registry key, used across the test files.
-CASES = [
-    ("forward_kl", {}),
-    ("reverse_kl", {}),
-    ("jsd", {"beta": 0.3}),
-    ("skew_kl", {"alpha": 0.2}),
-    ("skew_reverse_kl", {"alpha": 0.2}),
-    ("tvd", {}),
-    ("interpolated_kl", {"weight": 0.7}),
-]
+@pytest.fixture
+def kl_ref():
+    """``kl_ref(p_logits, q_logits)``: KL(softmax(p) || softmax(q)) per position via torch.distributions."""
+    return kl
+
+
+@pytest.fixture
+def divergence_ref():
+    """``divergence_ref(name, student, teacher, temperature=1.0, **params)``: per-position float64
+    divergence from materialised probabilities (differentiable)."""
+    return reference

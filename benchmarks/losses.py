@@ -1,0 +1,135 @@
+"""Peak memory and time of forward+backward: chunked divergences vs the naive materialised computation.
+
+Run:  .venv/bin/python benchmarks/losses.py            # B=4, T=1024, V=32000 (a few minutes)
+      .venv/bin/python benchmarks/losses.py --quick    # small shapes, seconds
+
+Each (divergence, variant) runs in a fresh subprocess so that its peak resident memory can be read
+reliably: the child creates the inputs (float32 student logits as a leaf requiring grad, teacher
+logits, an all-ones mask), records ``ru_maxrss`` (the process's high-water mark), runs one
+forward+backward, and reports the growth of the high-water mark: the peak extra memory of the loss
+including the gradient it leaves in ``student.grad`` (the same for both variants). PyTorch on CPU has
+no allocator statistics, and RSS after the fact misses transient peaks, hence this design. Times are
+the median of ``--repeats`` further forward+backward runs in the same child (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from distill.losses import DIVERGENCES, build_divergence
+
+PARAMS = {"jsd": {"beta": 0.5}, "skew_kl": {"alpha": 0.1}, "skew_reverse_kl": {"alpha": 0.1}}
+PARAMS["interpolated_kl"] = {"weight": 0.5}
+
+
+def _kl(p, logp, logq):
+    return (p * (logp - logq)).sum(-1)
+
+
+def naive_per_token(name: str, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Textbook float32 computation with every [B, T, V] intermediate materialised by autograd."""
+    ls, lt = torch.log_softmax(s.float(), -1), torch.log_softmax(t.float(), -1)
+    ps, pt = ls.exp(), lt.exp()
+    if name == "forward_kl":
+        return _kl(pt, lt, ls)
+    if name == "reverse_kl":
+        return _kl(ps, ls, lt)
+    if name == "jsd":
+        m = torch.log(0.5 * ps + 0.5 * pt)
+        return 0.5 * _kl(pt, lt, m) + 0.5 * _kl(ps, ls, m)
+    if name == "skew_kl":
+        return _kl(pt, lt, torch.log(0.1 * pt + 0.9 * ps))
+    if name == "skew_reverse_kl":
+        return _kl(ps, ls, torch.log(0.9 * pt + 0.1 * ps))
+    if name == "tvd":
+        return 0.5 * (ps - pt).abs().sum(-1)
+    if name == "interpolated_kl":
+        return 0.5 * _kl(pt, lt, ls) + 0.5 * _kl(ps, ls, lt)
+    raise KeyError(name)
+
+
+def _maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def worker(name: str, variant: str, b: int, t: int, v: int, repeats: int, chunk_size: int | None) -> dict:
+    torch.manual_seed(0)
+    student = torch.randn(b, t, v).requires_grad_()
+    teacher = torch.randn(b, t, v)
+    mask = torch.ones(b, t)
+    opts = {} if chunk_size is None else {"chunk_size": chunk_size}
+    div = build_divergence(name, **opts, **PARAMS.get(name, {}))
+
+    def step():
+        if variant == "naive":
+            loss = (naive_per_token(name, student, teacher) * mask).sum() / mask.sum()
+        else:
+            loss = div(student, teacher, mask)
+        loss.backward()
+        student.grad = None
+        return loss.item()
+
+    base = _maxrss_mib()
+    value = step()
+    peak = _maxrss_mib() - base
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"peak_mib": peak, "time_s": statistics.median(times), "value": value}
+
+
+def _spawn(name, variant, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", name, variant, "--shape", *map(str, args.shape)]
+    cmd += ["--repeats", str(args.repeats)]
+    if args.chunk_size is not None:
+        cmd += ["--chunk-size", str(args.chunk_size)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes (B=2, T=128, V=4096)")
+    parser.add_argument("--shape", type=int, nargs=3, metavar=("B", "T", "V"), default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="chunk_size (default: the library's)")
+    parser.add_argument("--divergences", nargs="*", default=list(DIVERGENCES), choices=list(DIVERGENCES))
+    parser.add_argument("--worker", nargs=2, metavar=("NAME", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.shape is None:
+        args.shape = [2, 128, 4096] if args.quick else [4, 1024, 32000]
+    if args.worker:
+        print(json.dumps(worker(*args.worker, *args.shape, args.repeats, args.chunk_size)))
+        return
+    b, t, v = args.shape
+    input_mib = b * t * v * 4 / 2**20
+    print(f"shape B={b} T={t} V={v} float32; one [B,T,V] float32 tensor = {input_mib:.0f} MiB")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} runs")
+    header = f"{'divergence':<16} {'naive MiB':>10} {'chunked MiB':>12} {'mem ratio':>9} "
+    header += f"{'naive s':>8} {'chunked s':>9} {'time ratio':>10} {'|dvalue|':>9}"
+    print(header)
+    for name in args.divergences:
+        naive = _spawn(name, "naive", args)
+        chunked = _spawn(name, "chunked", args)
+        print(
+            f"{name:<16} {naive['peak_mib']:>10.0f} {chunked['peak_mib']:>12.0f} "
+            f"{chunked['peak_mib'] / naive['peak_mib']:>9.2f} {naive['time_s']:>8.2f} "
+            f"{chunked['time_s']:>9.2f} {chunked['time_s'] / naive['time_s']:>10.2f} "
+            f"{abs(naive['value'] - chunked['value']):>9.1e}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
