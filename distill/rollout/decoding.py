@@ -135,6 +135,39 @@ def _cache_of(output: object) -> object:
     return cache if cache is not None else output.past_key_values
 
 
+def check_left_padded(input_ids: Tensor, attention_mask: Tensor) -> None:
+    """Raise unless `input_ids`/`attention_mask` are a non-empty left-padded `[B, P]` batch."""
+    if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty [B, P] tensor, got shape {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+        )
+    mask = attention_mask.long()
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 0 and 1")
+    if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):
+        raise ValueError(
+            "prompts must be left-padded: each attention_mask row is 0…0 1…1 with at least one 1"
+        )
+
+
+def model_token_id(student: nn.Module, teacher: nn.Module, name: str) -> int | list[int] | None:
+    """`name` from the models' generation config (else config); an error if the two disagree."""
+    found = []
+    for model in (student, teacher):
+        for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+            value = getattr(source, name, None) if source is not None else None
+            if value is not None:
+                found.append(value)
+                break
+    if len(found) == 2 and found[0] != found[1]:
+        raise ValueError(
+            f"student and teacher disagree on {name} ({found[0]} vs {found[1]}): pass {name} to RolloutSampler"
+        )
+    return found[0] if found else None
+
+
 @dataclass
 class Decoded:
     """Tokens written by one decode loop over a (sub-)batch."""

@@ -16,11 +16,13 @@ from distill.rollout.decoding import (
     Decoded,
     RowStreams,
     StepRule,
+    check_left_padded,
     choose_tokens,
     decode,
     derive_seed,
     eval_no_grad,
     logit_width,
+    model_token_id,
     strip_common_padding,
 )
 
@@ -53,6 +55,9 @@ class RolloutSampler:
             student proposes each token; one outside the teacher's top `speculative_top_k` is
             replaced by a sample from the teacher (Speculative Knowledge Distillation).
             In batch and sequence modes each model decodes only its own rows.
+            `teacher_token_mask` marks: every token of a teacher-written row (batch, sequence);
+            the tokens whose Bernoulli draw picked the teacher (token); the replaced proposals
+            (speculative: a proposal inside the teacher's top-k stays student-written).
         max_new_tokens: Most tokens generated per row (EOS included).
         temperature: Sampling temperature; 0 means greedy (argmax) decoding.
         top_k: Keep only the k most likely tokens before sampling (None: no limit).
@@ -153,7 +158,7 @@ class RolloutSampler:
         The models must be on the device of `input_ids`.
         """
         start = time.perf_counter()
-        self._check_prompts(input_ids, attention_mask)
+        check_left_padded(input_ids, attention_mask)
         if seed is not None and not _is_int(seed):
             raise ValueError(f"seed must be None or an integer, got {seed!r}")
         eos_ids, pad_id = self._special_ids(student, teacher)
@@ -207,29 +212,27 @@ class RolloutSampler:
             if self.granularity in ("batch", "sequence"):
                 teacher_idx = self._teacher_rows(b, generator)
                 student_idx = [i for i in range(b) if i not in set(teacher_idx)]
-                todo = teacher_idx
-                use_cache = (
-                    self.cache is not None and teacher_idx and (seed is not None or self.temperature == 0)
-                )
-                if use_cache:
+                cacheable = self.cache is not None and (seed is not None or self.temperature == 0)
+                keys = {}
+                if cacheable and teacher_idx:
                     identity = teacher_identity(teacher)
-                    key_seed = None if self.temperature == 0 else seed
+                    key_seed = None if self.temperature == 0 else seed  # greedy output ignores the seed
                     keys = {
                         i: row_key(identity, prompts[i], occurrence[i], settings, key_seed)
                         for i in teacher_idx
                     }
-                    todo = []
-                    for i in teacher_idx:
-                        hit = self.cache.get(keys[i])
-                        if hit is None or not 1 <= len(hit) <= self.max_new_tokens:
-                            todo.append(i)
-                        else:
-                            rows[i], by_teacher[i] = hit, [True] * len(hit)
-                            cached += 1
+                todo = []
+                for i in teacher_idx:
+                    hit = self.cache.get(keys[i]) if i in keys else None
+                    if hit is None or not 1 <= len(hit) <= self.max_new_tokens:
+                        todo.append(i)
+                    else:
+                        rows[i], by_teacher[i] = hit, [True] * len(hit)
+                        cached += 1
                 if todo:
                     run(teacher, "teacher", todo)
-                    if use_cache:
-                        for i in todo:
+                    for i in todo:
+                        if i in keys:
                             self.cache.put(keys[i], rows[i])
                 if student_idx:
                     run(student, "student", student_idx)
@@ -292,30 +295,12 @@ class RolloutSampler:
 
     # -- inputs and outputs ----------------------------------------------------------------
 
-    @staticmethod
-    def _check_prompts(input_ids: Tensor, attention_mask: Tensor) -> None:
-        if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-            raise ValueError(
-                f"input_ids must be a non-empty [B, P] tensor, got shape {tuple(input_ids.shape)}"
-            )
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
-            )
-        mask = attention_mask.long()
-        if bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError("attention_mask must hold only 0 and 1")
-        if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):
-            raise ValueError(
-                "prompts must be left-padded: each attention_mask row is 0…0 1…1 with at least one 1"
-            )
-
     def _special_ids(self, student: nn.Module, teacher: nn.Module) -> tuple[list[int], int]:
-        eos = self.eos_token_id or _model_id(student, teacher, "eos_token_id")
+        eos = self.eos_token_id or model_token_id(student, teacher, "eos_token_id")
         pad = (
             self.pad_token_id
             if self.pad_token_id is not None
-            else _model_id(student, teacher, "pad_token_id")
+            else model_token_id(student, teacher, "pad_token_id")
         )
         if eos is None:
             raise ValueError(
@@ -382,19 +367,3 @@ class RolloutSampler:
             rollout_seconds=seconds,
             cached_teacher_rows=cached,
         )
-
-
-def _model_id(student: nn.Module, teacher: nn.Module, name: str) -> int | list[int] | None:
-    """`name` from the models' generation config (else config); an error if the two disagree."""
-    found = []
-    for model in (student, teacher):
-        for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-            value = getattr(source, name, None) if source is not None else None
-            if value is not None:
-                found.append(value)
-                break
-    if len(found) == 2 and found[0] != found[1]:
-        raise ValueError(
-            f"student and teacher disagree on {name} ({found[0]} vs {found[1]}): pass {name} to RolloutSampler"
-        )
-    return found[0] if found else None

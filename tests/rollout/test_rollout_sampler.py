@@ -62,7 +62,8 @@ def test_greedy_end_points_reproduce_generate(granularity, mix, student, teacher
     )
     expected = reference_generate(writer, prompts, N, eos=eos)
     assert torch.equal(batch.input_ids, expected)
-    assert batch.input_ids.shape[1] < prompts.input_ids.shape[1] + N or (expected[:, -1] != 0).any()
+    lengths = batch.completion_mask.sum(1)
+    assert (lengths < lengths.max()).any()  # some row stopped early and was padded
     if granularity != "speculative":  # there a proposal the teacher agrees with stays student-written
         assert torch.equal(batch.teacher_token_mask, batch.completion_mask & (mix == 1))
 
