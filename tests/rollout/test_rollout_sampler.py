@@ -148,13 +148,15 @@ def test_sequence_share_exact_per_batch(student, teacher, char_tok):
 
 
 def test_token_share_and_writers(student, teacher, char_tok):
-    enc = char_tok([f"{i}*{i}=" for i in range(16)], return_tensors="pt", padding=True)
-    sampler = RolloutSampler(0.3, "token", max_new_tokens=32, vocab_size=VOCAB, eos_token_id=[VOCAB - 1])
+    enc = char_tok([f"{i}*{i}=" for i in range(12)], return_tensors="pt", padding=True)
+    sampler = RolloutSampler(
+        0.3, "token", max_new_tokens=24, vocab_size=VOCAB, eos_token_id=[VOCAB]
+    )  # EOS never drawn
     batch = sampler.sample(student, teacher, enc.input_ids, enc.attention_mask, seed=0)
-    assert batch.completion_tokens > 400
-    assert abs(batch.teacher_share - 0.3) < 0.07  # 3 sigma for ~500 Bernoulli(0.3) draws
+    assert batch.completion_tokens == 12 * 24
+    assert abs(batch.teacher_share - 0.3) < 0.08  # 3 sigma for 288 Bernoulli(0.3) draws
     per_row = batch.teacher_token_mask.sum(1).float() / batch.completion_mask.sum(1)
-    assert (per_row > 0).sum() > 8 and (per_row < 1).all()  # mixed within rows, not per row
+    assert (per_row > 0).sum() > 6 and (per_row < 1).all()  # mixed within rows, not per row
 
 
 def test_token_greedy_writer_is_argmax_of_its_model(student, teacher, prompts):
