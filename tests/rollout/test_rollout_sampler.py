@@ -149,9 +149,8 @@ def test_sequence_share_exact_per_batch(student, teacher, char_tok):
 
 def test_token_share_and_writers(student, teacher, char_tok):
     enc = char_tok([f"{i}*{i}=" for i in range(12)], return_tensors="pt", padding=True)
-    sampler = RolloutSampler(
-        0.3, "token", max_new_tokens=24, vocab_size=VOCAB, eos_token_id=[VOCAB]
-    )  # EOS never drawn
+    # EOS outside the sliced vocabulary: never drawn, so every row runs the full length.
+    sampler = RolloutSampler(0.3, "token", max_new_tokens=24, vocab_size=VOCAB, eos_token_id=[VOCAB])
     batch = sampler.sample(student, teacher, enc.input_ids, enc.attention_mask, seed=0)
     assert batch.completion_tokens == 12 * 24
     assert abs(batch.teacher_share - 0.3) < 0.08  # 3 sigma for 288 Bernoulli(0.3) draws
