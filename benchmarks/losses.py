@@ -8,8 +8,10 @@ reliably: the child creates the inputs (float32 student logits as a leaf requiri
 logits, an all-ones mask), records ``ru_maxrss`` (the process's high-water mark), runs one
 forward+backward, and reports the growth of the high-water mark: the peak extra memory of the loss
 including the gradient it leaves in ``student.grad`` (the same for both variants). PyTorch on CPU has
-no allocator statistics, and RSS after the fact misses transient peaks, hence this design. Times are
-the median of ``--repeats`` further forward+backward runs in the same child (the machine is shared).
+no allocator statistics, and RSS after the fact misses transient peaks, hence this design. The child
+then times ``--repeats`` more forward+backward runs. Naive and chunked children alternate for
+``--rounds`` rounds, so that load from other jobs on a shared machine hits both alike; the table
+reports the median peak and the median time over all rounds.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def worker(name: str, variant: str, b: int, t: int, v: int, repeats: int, chunk_
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"peak_mib": peak, "time_s": statistics.median(times), "value": value}
+    return {"peak_mib": peak, "times": times, "value": value}
 
 
 def _spawn(name, variant, args) -> dict:
@@ -100,28 +102,44 @@ def _spawn(name, variant, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small shapes (B=2, T=128, V=4096)")
+    parser.add_argument("--quick", action="store_true", help="small shapes (B=2, T=1024, V=8192, chunk 256)")
     parser.add_argument("--shape", type=int, nargs=3, metavar=("B", "T", "V"), default=None)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per child process")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating naive/chunked children")
     parser.add_argument("--chunk-size", type=int, default=None, help="chunk_size (default: the library's)")
     parser.add_argument("--divergences", nargs="*", default=list(DIVERGENCES), choices=list(DIVERGENCES))
     parser.add_argument("--worker", nargs=2, metavar=("NAME", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.shape is None:
-        args.shape = [2, 128, 4096] if args.quick else [4, 1024, 32000]
+        args.shape = [2, 1024, 8192] if args.quick else [4, 1024, 32000]
+    if args.quick and args.chunk_size is None:
+        args.chunk_size = 256  # so that the small shape is still split into several chunks
     if args.worker:
         print(json.dumps(worker(*args.worker, *args.shape, args.repeats, args.chunk_size)))
         return
     b, t, v = args.shape
     input_mib = b * t * v * 4 / 2**20
     print(f"shape B={b} T={t} V={v} float32; one [B,T,V] float32 tensor = {input_mib:.0f} MiB")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} runs")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds x "
+        f"{args.repeats} timed runs per variant; chunk_size={args.chunk_size or 'default'}"
+    )
     header = f"{'divergence':<16} {'naive MiB':>10} {'chunked MiB':>12} {'mem ratio':>9} "
     header += f"{'naive s':>8} {'chunked s':>9} {'time ratio':>10} {'|dvalue|':>9}"
     print(header)
     for name in args.divergences:
-        naive = _spawn(name, "naive", args)
-        chunked = _spawn(name, "chunked", args)
+        runs = {"naive": [], "chunked": []}
+        for _ in range(args.rounds):
+            for variant in runs:
+                runs[variant].append(_spawn(name, variant, args))
+        naive, chunked = (
+            {
+                "peak_mib": statistics.median(r["peak_mib"] for r in rs),
+                "time_s": statistics.median(x for r in rs for x in r["times"]),
+                "value": rs[0]["value"],
+            }
+            for rs in runs.values()
+        )
         print(
             f"{name:<16} {naive['peak_mib']:>10.0f} {chunked['peak_mib']:>12.0f} "
             f"{chunked['peak_mib'] / naive['peak_mib']:>9.2f} {naive['time_s']:>8.2f} "

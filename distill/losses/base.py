@@ -12,13 +12,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from distill.losses.chunked import ChunkedDivergence, RowKernel, compute_dtype
+from distill.losses.chunked import ChunkedDivergence, RowKernel, compute_dtype, resolve_chunk_size
 from distill.losses.functional import Terms, exact_rows, sampled_rows, topk_rows
 from distill.losses.reduction import row_scale
 
 EXACT_ESTIMATORS = ("exact", "topk")
 SAMPLED_ESTIMATORS = ("k1", "k2", "k3")
-DEFAULT_CHUNK_SIZE = 1024
 
 
 def check_option(ok: bool, field: str, value, allowed: str) -> None:
@@ -48,7 +47,7 @@ class TokenDivergence(nn.Module):
         estimator: str = "exact",
         top_k: int = 64,
         vocab_size: int | None = None,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = None,
         max_importance_weight: float | None = None,
     ) -> None:
         """
@@ -64,8 +63,9 @@ class TokenDivergence(nn.Module):
             top_k: number of teacher tokens kept by ``estimator="topk"`` (>= 1).
             vocab_size: real vocabulary size; logits past it (embedding padding) are ignored. None:
                 use the smaller of the two logit widths.
-            chunk_size: positions (rows of B*T) processed at once (>= 1); peak extra memory is a few
-                ``chunk_size x V`` float32 buffers.
+            chunk_size: positions (rows of B*T) processed at once (>= 1); peak extra memory beyond the
+                gradient is a few ``chunk_size x V`` float32 buffers. None: ``2**23 // V`` positions
+                (32 MiB per buffer; 262 positions at V = 32000).
             max_importance_weight: sampled estimators with ``behaviour_logprobs`` only: truncate the
                 importance weights at this value (> 0; lowers variance, adds bias). None: no limit.
         """
@@ -83,7 +83,10 @@ class TokenDivergence(nn.Module):
             "None or an integer >= 1",
         )
         check_option(
-            isinstance(chunk_size, int) and chunk_size >= 1, "chunk_size", chunk_size, "an integer >= 1"
+            chunk_size is None or (isinstance(chunk_size, int) and chunk_size >= 1),
+            "chunk_size",
+            chunk_size,
+            "None or an integer >= 1",
         )
         check_option(
             max_importance_weight is None or max_importance_weight > 0,
@@ -173,7 +176,15 @@ class TokenDivergence(nn.Module):
                 )
         kernel = self._kernel(tokens, behaviour_logprobs)
         return ChunkedDivergence.apply(
-            student, teacher.detach(), rows, scale, kernel, width, self.temperature, self.chunk_size, reduce
+            student,
+            teacher.detach(),
+            rows,
+            scale,
+            kernel,
+            width,
+            self.temperature,
+            resolve_chunk_size(self.chunk_size, width),
+            reduce,
         )
 
     def _kernel(self, tokens: Tensor | None, behaviour_logprobs: Tensor | None) -> RowKernel:

@@ -20,6 +20,22 @@ from torch.autograd.function import once_differentiable
 RowKernel = Callable[[Tensor, Tensor, Tensor, Tensor, bool], "tuple[Tensor, Tensor | None]"]
 
 
+# Default chunk: this many logits (32 MiB per float32 buffer), i.e. 2**23 // V positions. Smaller
+# chunks save little memory (the [B, T, V] gradient dominates) and cost per-op overhead.
+CHUNK_ELEMENTS = 2**23
+
+
+def resolve_chunk_size(chunk_size: int | None, width: int) -> int:
+    """Positions per chunk: ``chunk_size``, or when None ``max(1, CHUNK_ELEMENTS // width)``."""
+    if chunk_size is not None:
+        if not (isinstance(chunk_size, int) and chunk_size >= 1):
+            raise ValueError(
+                f"chunk_size={chunk_size!r} is not allowed; chunk_size must be None or an integer >= 1"
+            )
+        return chunk_size
+    return max(1, CHUNK_ELEMENTS // width)
+
+
 def compute_dtype(x: Tensor) -> torch.dtype:
     """float32 for every input dtype except float64, which is kept (gradcheck needs it)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -83,11 +99,11 @@ def _run(
         del s_rows, t_rows
         values[r] = value
         if grad is not None and g is not None:
-            g.mul_((row_scale[r] / temperature).unsqueeze(-1))
-            if dense:
-                flats[2][r, :width].copy_(g)
+            scale = (row_scale[r] / temperature).unsqueeze(-1)
+            if dense:  # scale, cast and store in one pass
+                torch.mul(g, scale, out=flats[2][r, :width])
             else:
-                grad[b, t, :width] = g.to(grad.dtype)
+                grad[b, t, :width] = g.mul_(scale).to(grad.dtype)
         del g
     return values, grad
 

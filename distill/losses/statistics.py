@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from distill.losses.base import DEFAULT_CHUNK_SIZE
-from distill.losses.chunked import compute_dtype
+from distill.losses.chunked import compute_dtype, resolve_chunk_size
 from distill.losses.functional import log_probs, rowdot
 
 STATISTICS = ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
@@ -17,12 +16,12 @@ def token_statistics(
     student_logits: Tensor,
     teacher_logits: Tensor,
     vocab_size: int | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
 ) -> dict[str, Tensor]:
     """Exact ``forward_kl`` (KL(p_T||p_S)), ``reverse_kl`` (KL(p_S||p_T)), ``student_entropy`` and
     ``teacher_entropy`` at every position: a dict of ``[B, T]`` float32 tensors (nats), computed in
-    float32, ``chunk_size`` positions at a time, without gradients. Logits are cut to ``vocab_size``
+    float32, ``chunk_size`` positions at a time (None: ``2**23 // V``), without gradients. Logits are cut to ``vocab_size``
     (None: the smaller of the two widths), as the divergences do, so the figures are comparable
     whichever divergence is optimised.
     """
@@ -31,8 +30,6 @@ def token_statistics(
             "student_logits and teacher_logits must be [B, T, V] with the same B and T; got "
             f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
         )
-    if not (isinstance(chunk_size, int) and chunk_size >= 1):
-        raise ValueError(f"chunk_size={chunk_size!r} is not allowed; chunk_size must be an integer >= 1")
     if not temperature > 0:
         raise ValueError(f"temperature={temperature!r} is not allowed; temperature must be > 0")
     width = min(student_logits.shape[-1], teacher_logits.shape[-1])
@@ -40,6 +37,7 @@ def token_statistics(
         if not 1 <= vocab_size <= width:
             raise ValueError(f"vocab_size={vocab_size!r} is not allowed; it must be in [1, {width}]")
         width = vocab_size
+    chunk_size = resolve_chunk_size(chunk_size, width)
     batch, seq = student_logits.shape[:2]
     dtype = compute_dtype(student_logits)
     out = {k: torch.empty(batch * seq, dtype=dtype, device=student_logits.device) for k in STATISTICS}

@@ -93,13 +93,13 @@ def test_chunked_equals_unchunked(name, params, estimator):
     mask = torch.ones(3, 5)
     mask[1, 2:] = 0
     out = {}
-    for chunk in (1, 4, 10_000):
+    for chunk in (1, 4, None):  # None: the default, one chunk at this size
         div = build_divergence(name, estimator=estimator, top_k=4, chunk_size=chunk, **params)
         val = div(s, t, mask, tokens)
         (grad,) = torch.autograd.grad(val, s)
         out[chunk] = (val, grad, div.per_token(s, t, tokens).detach())
     for chunk in (1, 4):
-        for a, b in zip(out[chunk], out[10_000]):
+        for a, b in zip(out[chunk], out[None]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
