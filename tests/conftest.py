@@ -39,3 +39,20 @@ def tiny_teacher(char_tok):
 def tiny_student(char_tok):
     """Random 1x32 Llama with a differently padded embedding (112 rows)."""
     return _tiny_lm(112, 32, 1, seed=2)
+
+
+@pytest.fixture(scope="session")
+def quick_world(tmp_path_factory):
+    """A `--quick` tiny world (random-quality, built in seconds), shared by the whole session."""
+    from distill.models.tiny_world import QUICK, build
+
+    out = tmp_path_factory.mktemp("cache") / "tiny-world"
+    build(out, QUICK)
+    return out
+
+
+@pytest.fixture
+def tiny_world_cache(quick_world, monkeypatch):
+    """Point $DISTILL_CACHE at the quick world, so `tiny-world:teacher` and configs/tiny resolve."""
+    monkeypatch.setenv("DISTILL_CACHE", str(quick_world.parent))
+    return quick_world

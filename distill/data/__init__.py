@@ -1,0 +1,3 @@
+from distill.data.module import PromptCollator, RolloutDataModule
+
+__all__ = ["PromptCollator", "RolloutDataModule"]

@@ -1,0 +1,174 @@
+"""`RolloutDataModule`: task prompts in, rollout batches out.
+
+The DataModule owns rollout sampling: its dataloaders yield tokenised prompt batches, and
+`on_after_batch_transfer` turns each one — on the device, with the current student — into a
+`RolloutBatch` written by the student/teacher mixture (training) or by the student alone, greedily
+(validation and test). Each batch seen by the LightningModule is a dict
+``{"rollout": RolloutBatch, "rows": [task rows], "task": name}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import lightning as L
+import torch
+from datasets import Dataset
+from torch.utils.data import DataLoader
+
+from distill.models.loading import load_tokenizer
+from distill.rollout import RolloutSampler
+from distill.tasks.registry import get_task
+
+
+class PromptCollator:
+    """Rows -> left-padded prompt tensors (plain prompt, or the tokenizer's chat template)."""
+
+    def __init__(self, tokenizer, chat_template: bool):
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+
+    def __call__(self, rows: list[dict]) -> dict:
+        if self.chat_template:
+            texts = [
+                self.tokenizer.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
+                for r in rows
+            ]
+            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        else:
+            enc = self.tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "rows": rows}
+
+
+def _seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Prompts of a task and the rollout-policy knob.
+
+    Args:
+        task: training task (e.g. `countdown3`; see `distill.tasks.registry.TASKS`).
+        mix: the teacher's share of the rollouts, in [0, 1] (0 = on-policy student, 1 = teacher).
+        granularity: how the share is applied: `batch`, `sequence`, `token` or `speculative`.
+        max_new_tokens: completion budget of training rollouts.
+        temperature: sampling temperature of training rollouts (0 = greedy).
+        top_k: keep only the k most likely tokens when sampling (None = off).
+        top_p: nucleus sampling threshold in (0, 1] (None = off).
+        speculative_top_k: in `speculative` mode, student proposals outside the teacher's top-k are
+            replaced by teacher samples.
+        refresh_every: how many optimiser steps a batch of rollouts is reused (1 = always fresh,
+            fully on-policy; larger values make student rollouts stale).
+        batch_size: sequences per optimiser step on each device.
+        eval_batch_size: prompts per evaluation batch.
+        train_size: number of training prompts (one epoch).
+        val_size: prompts per validation task.
+        test_size: prompts per test task.
+        val_tasks: tasks evaluated during validation (greedy accuracy, logged per task).
+        test_tasks: tasks evaluated by `test` (Countdown-3 and the harder variants by default).
+        eval_max_new_tokens: completion budget of evaluation generations.
+        tokenizer: tokenizer path; None takes the LightningModule's (`model.student`'s) tokenizer.
+        chat_template: wrap prompts in the tokenizer's chat template (instruct hub models).
+        rollout_cache: folder caching teacher-written rollouts across runs (None: env
+            `DISTILL_ROLLOUT_CACHE`, or no cache).
+        seed: data seed (prompt generation and order, rollout sampling); linked to `seed_everything`.
+    """
+
+    def __init__(
+        self,
+        task: str = "countdown3",
+        mix: float = 0.0,
+        granularity: str = "sequence",
+        max_new_tokens: int = 96,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        speculative_top_k: int = 5,
+        refresh_every: int = 1,
+        batch_size: int = 16,
+        eval_batch_size: int = 100,
+        train_size: int = 20000,
+        val_size: int = 200,
+        test_size: int = 500,
+        val_tasks: list[str] | None = None,
+        test_tasks: list[str] | None = None,
+        eval_max_new_tokens: int = 128,
+        tokenizer: str | None = None,
+        chat_template: bool = False,
+        rollout_cache: str | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        for name in ("refresh_every", "batch_size", "eval_batch_size", "train_size", "eval_max_new_tokens"):
+            value = getattr(self.hparams, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.{name} must be an integer >= 1, got {value!r}")
+        for name in ("val_size", "test_size"):
+            if not isinstance(getattr(self.hparams, name), int) or getattr(self.hparams, name) < 0:
+                raise ValueError(f"data.{name} must be an integer >= 0, got {getattr(self.hparams, name)!r}")
+        self.task = get_task(task)
+        self.val_tasks = [get_task(t) for t in (val_tasks if val_tasks is not None else [task])]
+        self.test_tasks = [
+            get_task(t) for t in (test_tasks if test_tasks is not None else ["countdown3", "countdown4", "countdown5"])
+        ]
+        try:  # the sampler validates the knob's settings now, before any model is loaded
+            self.sampler = RolloutSampler(
+                mix=mix, granularity=granularity, max_new_tokens=max_new_tokens, temperature=temperature,
+                top_k=top_k, top_p=top_p, speculative_top_k=speculative_top_k, cache_dir=rollout_cache,
+            )
+        except ValueError as err:
+            raise ValueError(f"data.{err}") from None
+        self.eval_sampler = RolloutSampler(mix=0.0, granularity="sequence", max_new_tokens=eval_max_new_tokens, temperature=0.0)
+        self.tokenizer = None
+        self._reuse: tuple[int, dict] | None = None
+
+    # --- datasets ---------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if self.tokenizer is None:
+            path = self.hparams.tokenizer
+            self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
+        self.collate = PromptCollator(self.tokenizer, self.hparams.chat_template)
+        seed, h = self.hparams.seed, self.hparams
+        # Split seeds are disjoint: training prompts never come from the evaluation generators.
+        if stage == "fit":
+            self.train_set = Dataset.from_list(self.task.rows(h.train_size, seed=_seed("train", seed)))
+        if stage in ("fit", "validate"):
+            self.val_sets = [Dataset.from_list(t.rows(h.val_size, seed=_seed("val"))) for t in self.val_tasks]
+        if stage == "test":
+            self.test_sets = [Dataset.from_list(t.rows(h.test_size, seed=_seed("test"))) for t in self.test_tasks]
+
+    def _loader(self, dataset, batch_size: int, shuffle: bool) -> DataLoader:
+        generator = torch.Generator().manual_seed(_seed("order", self.hparams.seed)) if shuffle else None
+        return DataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+            collate_fn=self.collate, drop_last=shuffle,
+        )
+
+    def train_dataloader(self):
+        return self._loader(self.train_set, self.hparams.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return [self._loader(d, self.hparams.eval_batch_size, shuffle=False) for d in self.val_sets]
+
+    def test_dataloader(self):
+        return [self._loader(d, self.hparams.eval_batch_size, shuffle=False) for d in self.test_sets]
+
+    # --- rollouts ---------------------------------------------------------------------------------
+    def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        trainer = self.trainer
+        module = trainer.lightning_module
+        if trainer.training:
+            step = trainer.global_step
+            if self._reuse is not None and step - self._reuse[0] < self.hparams.refresh_every:
+                return self._reuse[1]
+            rollout = self.sampler.sample(
+                module.student, module.teacher, batch["input_ids"], batch["attention_mask"],
+                generator=torch.Generator().manual_seed(_seed("rollout", self.hparams.seed, step)),
+                seed=self.hparams.seed,
+            )
+            out = {"rollout": rollout, "rows": batch["rows"], "task": self.task.name}
+            self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
+            return out
+        tasks = self.test_tasks if trainer.testing else self.val_tasks
+        rollout = self.eval_sampler.sample(module.student, module.teacher, batch["input_ids"], batch["attention_mask"])
+        return {"rollout": rollout, "rows": batch["rows"], "task": tasks[dataloader_idx].name}

@@ -1,0 +1,103 @@
+"""Loading teacher, student and tokenizer from a hub id or a local directory, and checking that
+they can be distilled into each other (same tokenizer; logits compared over the real vocabulary)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str | None, field: str = "dtype") -> torch.dtype | None:
+    if name is None or name == "auto":
+        return None
+    if name not in DTYPES:
+        raise ValueError(f"{field} must be one of {['auto', *DTYPES]}, got {name!r}")
+    return DTYPES[name]
+
+
+def looks_local(path: str) -> bool:
+    """A path rather than a hub id: absolute, relative with ./ or ~, or an existing directory."""
+    return path.startswith(("/", ".", "~")) or os.path.isdir(path) or path.count("/") > 1
+
+
+TINY_WORLD_PREFIX = "tiny-world:"
+
+
+def check_model_path(path: str, field: str) -> str:
+    """Fail fast, before any model is loaded: a local path must be a model directory; a hub id must
+    be `org/name` (and, with HF_HUB_OFFLINE=1, already in the local cache). `tiny-world:NAME` is
+    `NAME` in the tiny world's folder ($DISTILL_CACHE/tiny-world). Returns the resolved path."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{field} must be a local model directory or a hub id like 'org/name', got {path!r}")
+    if path.startswith(TINY_WORLD_PREFIX):
+        from distill.models.tiny_world import default_dir
+
+        path = str(default_dir() / path[len(TINY_WORLD_PREFIX) :])
+    if looks_local(path):
+        local = Path(path).expanduser()
+        if not (local / "config.json").is_file():
+            hint = " (run `distill tiny-world` first)" if "tiny-world" in path else ""
+            raise FileNotFoundError(f"{field}: no model directory at {path!r} (config.json missing){hint}")
+        return str(local)
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
+            raise FileNotFoundError(f"{field}: hub model {path!r} is not in the local cache and HF_HUB_OFFLINE=1")
+    return path
+
+
+def load_tokenizer(path: str):
+    """A tokenizer for decoder-only generation: left padding, and a pad token (EOS if it has none)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(Path(path).expanduser()) if looks_local(path) else path)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def check_same_tokenizer(teacher_tok, student_tok, teacher: str, student: str) -> None:
+    """Token-level divergences need one vocabulary: same token -> id map and special tokens."""
+    if teacher_tok.get_vocab() != student_tok.get_vocab():
+        t, s = teacher_tok.get_vocab(), student_tok.get_vocab()
+        differ = sorted(set(t.items()) ^ set(s.items()), key=str)[:3]
+        raise ValueError(
+            f"teacher {teacher!r} and student {student!r} have different tokenizers "
+            f"({len(t)} vs {len(s)} tokens; e.g. {differ}); token-level distillation needs a shared one"
+        )
+    for attr in ("eos_token_id", "bos_token_id"):
+        if getattr(teacher_tok, attr) != getattr(student_tok, attr):
+            raise ValueError(
+                f"teacher {teacher!r} and student {student!r} disagree on {attr}: "
+                f"{getattr(teacher_tok, attr)} vs {getattr(student_tok, attr)}"
+            )
+
+
+def load_model(path: str, dtype: str | None = None, device: str | torch.device | None = None, trainable: bool = True):
+    """An `AutoModelForCausalLM`; a frozen one (``trainable=False``) is in eval mode with no grads."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": resolve_dtype(dtype)} if resolve_dtype(dtype) is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(str(Path(path).expanduser()) if looks_local(path) else path, **kwargs)
+    if device is not None:
+        model.to(device)
+    # from_pretrained returns eval mode; a student must train (dropout etc.), a teacher never.
+    model.train(trainable)
+    model.requires_grad_(trainable)
+    return model
+
+
+def vocab_size(tokenizer, *models) -> int:
+    """The real vocabulary: the tokenizer's length, which padded embedding matrices may exceed."""
+    size = len(tokenizer)
+    for m in models:
+        rows = m.get_output_embeddings().weight.shape[0]
+        if rows < size:
+            raise ValueError(f"model {m.name_or_path!r} has {rows} output rows, fewer than the tokenizer's {size} tokens")
+    return size

@@ -1,0 +1,211 @@
+"""`DistillationModule`: a trainable student, a frozen teacher and a pluggable token-level divergence.
+
+Rollouts arrive from `RolloutDataModule` (already written by the student/teacher mixture); each
+optimiser step is one rollout batch, split into micro-batches whose losses are normalised by the
+completion tokens of the whole step (across ranks), so 8 x 1 and 1 x 8 give the same update. This
+is why optimisation is manual: Lightning's own accumulation divides each micro-batch's mean by the
+number of micro-batches, which mis-weights completions of different lengths (TRL issue #4719).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import torch
+from jsonargparse import lazy_instance
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from distill.losses import ForwardKL, TokenDivergence, step_token_count, token_statistics
+from distill.models.loading import (
+    check_model_path,
+    check_same_tokenizer,
+    load_model,
+    load_tokenizer,
+    resolve_dtype,
+)
+
+
+# LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
+DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
+
+
+def _default_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-4)
+
+
+class DistillationModule(L.LightningModule):
+    """Distil `teacher` into `student` with `divergence` on the rollouts the DataModule samples.
+
+    Args:
+        student: hub id or local directory of the model to train (its tokenizer is used).
+        teacher: hub id or local directory of the frozen teacher (same tokenizer required).
+        divergence: the token-level divergence to minimise (`distill.losses`, e.g. ForwardKL).
+        optimizer: optimiser over the student's parameters only (the teacher is never in it).
+        lr_scheduler: optional LR schedule, stepped once per optimiser step.
+        micro_batch_size: sequences per forward/backward pass; None = the whole step's batch.
+        gradient_clip_val: clip the student's gradient norm to this value (None = no clipping).
+        student_dtype: dtype the student is loaded in (`auto`, `float32`, `bfloat16`, `float16`).
+        teacher_dtype: dtype the teacher is loaded in.
+        log_text_every: log a few rollouts (teacher-written spans marked) to TensorBoard every N
+            optimiser steps (0 = never).
+        num_text_samples: rollouts per text log.
+    """
+
+    def __init__(
+        self,
+        student: str,
+        teacher: str,
+        divergence: TokenDivergence = DEFAULT_DIVERGENCE,
+        optimizer: OptimizerCallable = _default_optimizer,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        micro_batch_size: int | None = None,
+        gradient_clip_val: float | None = 1.0,
+        student_dtype: str = "float32",
+        teacher_dtype: str = "float32",
+        log_text_every: int = 50,
+        num_text_samples: int = 2,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
+        if micro_batch_size is not None and (not isinstance(micro_batch_size, int) or micro_batch_size < 1):
+            raise ValueError(f"model.micro_batch_size must be None or an integer >= 1, got {micro_batch_size!r}")
+        if gradient_clip_val is not None and not gradient_clip_val > 0:
+            raise ValueError(f"model.gradient_clip_val must be None or > 0, got {gradient_clip_val!r}")
+        if not isinstance(log_text_every, int) or log_text_every < 0:
+            raise ValueError(f"model.log_text_every must be an integer >= 0, got {log_text_every!r}")
+        resolve_dtype(student_dtype, "model.student_dtype")
+        resolve_dtype(teacher_dtype, "model.teacher_dtype")
+        # Fail before any model is loaded: paths exist, tokenizers agree (tokenizers are cheap).
+        self.student_path = check_model_path(student, "model.student")
+        self.teacher_path = check_model_path(teacher, "model.teacher")
+        self.tokenizer = load_tokenizer(self.student_path)
+        check_same_tokenizer(load_tokenizer(self.teacher_path), self.tokenizer, teacher, student)
+        self.vocab_size = len(self.tokenizer)
+        self.divergence = divergence
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold no teacher tensors
+        self.student = None
+        self.teacher = None
+        self._register_state_dict_hook(_drop_teacher)
+
+    # --- models -----------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.student is not None:
+            return
+        self.student = load_model(self.student_path, self.hparams.student_dtype, trainable=True)
+        self.teacher = load_model(self.teacher_path, self.hparams.teacher_dtype, trainable=False)
+        from distill.models.loading import vocab_size
+
+        vocab_size(self.tokenizer, self.student, self.teacher)
+
+    def on_train_start(self) -> None:
+        # The Trainer restores each submodule's mode (Lightning >= 2.2): keep the teacher in eval.
+        self.teacher.eval()
+
+    def on_validation_model_train(self) -> None:
+        super().on_validation_model_train()
+        self.teacher.eval()
+
+    def configure_optimizers(self):
+        params = [p for p in self.student.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"}}
+
+    def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
+        """Logits over the real vocabulary predicting tokens 1..T-1 (`[B, T-1, V]`)."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        return logits[:, :-1, : self.vocab_size]
+
+    def pair_logits(self, input_ids, attention_mask):
+        with torch.no_grad():
+            teacher = self._logits(self.teacher, input_ids, attention_mask)
+        return self._logits(self.student, input_ids, attention_mask), teacher
+
+    # --- training ---------------------------------------------------------------------------------
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        rollout = batch["rollout"]
+        ids, attn = rollout.input_ids, rollout.attention_mask
+        mask = rollout.completion_mask[:, 1:]
+        num_items = step_token_count([mask])
+        size = self.hparams.micro_batch_size or ids.shape[0]
+        optimizer = self.optimizers()
+        sums = torch.zeros(5, device=ids.device)  # loss, fkl, rkl, student H, teacher H (token sums)
+        for start in range(0, ids.shape[0], size):
+            rows = slice(start, start + size)
+            student, teacher = self.pair_logits(ids[rows], attn[rows])
+            loss = self.divergence(student, teacher, mask[rows], tokens=ids[rows, 1:], num_items=num_items)
+            self.manual_backward(loss)
+            stats = token_statistics(student.detach(), teacher)
+            m = mask[rows].float()
+            sums += torch.stack(
+                [loss.detach() * num_items]
+                + [(stats[k] * m).sum() for k in ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")]
+            )
+            del student, teacher, stats
+        clip = self.hparams.gradient_clip_val
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        self._log_step(rollout, sums / num_items.clamp(min=1), grad_norm, optimizer)
+        return sums[0] / num_items.clamp(min=1)
+
+    def _log_step(self, rollout, means, grad_norm, optimizer) -> None:
+        names = ("loss", "forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
+        for name, value in zip(names, means):
+            self.log(f"train/{name}", value, prog_bar=name in ("loss", "forward_kl", "reverse_kl"))
+        lengths = rollout.completion_mask.sum(-1).float()
+        self.log("train/teacher_share", rollout.teacher_share)
+        self.log("train/completion_length", lengths.mean())
+        self.log("train/grad_norm", grad_norm)
+        self.log("train/lr", optimizer.param_groups[0]["lr"])
+        every = self.hparams.log_text_every
+        if every and (self.global_step - 1) % every == 0 and isinstance(self.logger, TensorBoardLogger):
+            texts = rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
+            body = "\n\n".join(f"    {t}".replace("\n", "\n    ") for t in texts)
+            self.logger.experiment.add_text("rollouts", f"teacher-written spans in ⟦ ⟧\n\n{body}", self.global_step)
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def _evaluate(self, batch: dict, prefix: str) -> None:
+        rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
+        from distill.tasks.registry import get_task
+
+        texts = rollout.completions(self.tokenizer)
+        scores = [get_task(task).score(t, r) for t, r in zip(texts, rows)]
+        n = len(rows)
+        self.log(f"{prefix}/{task}/accuracy", sum(scores) / n, batch_size=n, add_dataloader_idx=False)
+        student, teacher = self.pair_logits(rollout.input_ids, rollout.attention_mask)
+        stats = token_statistics(student, teacher)
+        mask = rollout.completion_mask[:, 1:].float()
+        tokens = mask.sum().clamp(min=1)
+        for key in ("forward_kl", "reverse_kl"):
+            self.log(f"{prefix}/{task}/{key}", (stats[key] * mask).sum() / tokens, batch_size=n, add_dataloader_idx=False)
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "test")
+
+    # --- export -----------------------------------------------------------------------------------
+    def export_student(self, path: str | Path) -> Path:
+        """`save_pretrained` the student and its tokenizer (loadable with the Auto* classes)."""
+        path = Path(path)
+        self.student.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+
+def _drop_teacher(module, state_dict, prefix, local_metadata):
+    for key in [k for k in state_dict if k.startswith(prefix + "teacher.")]:
+        del state_dict[key]
+    return state_dict

@@ -1,0 +1,65 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distill.models.tiny import CHARS, TAG_TOKENS, char_tokenizer
+
+
+def test_char_tokenizer_round_trips_every_task_string():
+    tok = char_tokenizer()
+    text = "Use 74 98 39 to make 15.\n<think>pues 98-74=24, luego 39-24=15</think><answer>39-(98-74)</answer>"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    # Tags are single tokens; everything else is one token per character.
+    assert len(ids) == 1 + len(text) - sum(text.count(t) * (len(t) - 1) for t in TAG_TOKENS)
+    assert len(tok) == 4 + len(TAG_TOKENS) + len(CHARS)
+    assert tok("é")["input_ids"][1] == tok.unk_token_id
+
+
+def test_quick_world_loads_offline_with_auto_classes(quick_world, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    quality = json.loads((quick_world / "quality.json").read_text())
+    for key in ("teacher_countdown3", "student_countdown3", "student_prior", "build_seconds"):
+        assert key in quality
+    for name, rows in (("teacher", 128), ("student", 112)):
+        tok = AutoTokenizer.from_pretrained(quick_world / name)
+        model = AutoModelForCausalLM.from_pretrained(quick_world / name)
+        assert len(tok) == 104 and tok.padding_side == "left"
+        assert model.get_output_embeddings().weight.shape[0] == rows  # padded past the tokenizer
+        assert model.generation_config.eos_token_id == tok.eos_token_id
+        enc = tok(["Add 1+2=\n"], return_tensors="pt")
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+        assert enc["input_ids"].shape[1] < out.shape[1] <= enc["input_ids"].shape[1] + 3
+
+
+def test_build_is_reused_and_deterministic(quick_world, tmp_path):
+    from safetensors.torch import load_file
+
+    from distill.models.tiny_world import QUICK, build
+
+    again = build(quick_world, QUICK)  # same recipe: reused, not retrained
+    assert again == json.loads((quick_world / "quality.json").read_text())
+    fresh = tmp_path / "tw"
+    build(fresh, QUICK)
+    for name in ("teacher", "student"):
+        a = load_file(quick_world / name / "model.safetensors")
+        b = load_file(fresh / name / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_cli_builds_a_quick_world(tmp_path):
+    out = tmp_path / "w"
+    proc = subprocess.run(
+        [sys.executable, "-m", "distill.cli", "tiny-world", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "teacher_countdown3" in proc.stdout
+    assert (out / "teacher" / "model.safetensors").exists() and (out / "quality.json").exists()
