@@ -28,9 +28,15 @@ from distill.runinfo import environment, write_json_atomic
 
 class DistillCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--run_dir", type=str | None, default=None, help="run directory (default: runs/<timestamp>)")
-        parser.add_argument("--ckpt_path", type=str | None, default=None, help="checkpoint to resume from or test")
-        parser.add_argument("--test_after_fit", type=bool, default=True, help="run the test sets after fitting")
+        parser.add_argument(
+            "--run_dir", type=str | None, default=None, help="run directory (default: runs/<timestamp>)"
+        )
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None, help="checkpoint to resume from or test"
+        )
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=True, help="run the test sets after fitting"
+        )
         parser.link_arguments("seed_everything", "data.seed")
 
     def before_instantiate_classes(self) -> None:
@@ -41,8 +47,12 @@ class DistillCLI(LightningCLI):
         run_dir = Path(self.config_init.run_dir)
         callbacks = list(self._get(self.config_init, "trainer", default={}).get("callbacks") or [])
         callbacks.append(ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0))
-        logger = TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False)
-        return super().instantiate_trainer(default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, **kwargs)
+        logger = TensorBoardLogger(
+            save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False
+        )
+        return super().instantiate_trainer(
+            default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, **kwargs
+        )
 
     def execute(self, command: str) -> dict:
         run_dir = Path(self.config.run_dir)

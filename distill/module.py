@@ -27,7 +27,6 @@ from distill.models.loading import (
     resolve_dtype,
 )
 
-
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
 
@@ -71,7 +70,9 @@ class DistillationModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
         if micro_batch_size is not None and (not isinstance(micro_batch_size, int) or micro_batch_size < 1):
-            raise ValueError(f"model.micro_batch_size must be None or an integer >= 1, got {micro_batch_size!r}")
+            raise ValueError(
+                f"model.micro_batch_size must be None or an integer >= 1, got {micro_batch_size!r}"
+            )
         if gradient_clip_val is not None and not gradient_clip_val > 0:
             raise ValueError(f"model.gradient_clip_val must be None or > 0, got {gradient_clip_val!r}")
         if not isinstance(log_text_every, int) or log_text_every < 0:
@@ -115,7 +116,10 @@ class DistillationModule(L.LightningModule):
         optimizer = self.optimizer_factory(params)
         if self.scheduler_factory is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"},
+        }
 
     def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
         """Logits over the real vocabulary predicting tokens 1..T-1 (`[B, T-1, V]`)."""
@@ -146,7 +150,10 @@ class DistillationModule(L.LightningModule):
             m = mask[rows].float()
             sums += torch.stack(
                 [loss.detach() * num_items]
-                + [(stats[k] * m).sum() for k in ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")]
+                + [
+                    (stats[k] * m).sum()
+                    for k in ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
+                ]
             )
             del student, teacher, stats
         clip = self.hparams.gradient_clip_val
@@ -172,7 +179,9 @@ class DistillationModule(L.LightningModule):
         if every and (self.global_step - 1) % every == 0 and isinstance(self.logger, TensorBoardLogger):
             texts = rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
             body = "\n\n".join(f"    {t}".replace("\n", "\n    ") for t in texts)
-            self.logger.experiment.add_text("rollouts", f"teacher-written spans in ⟦ ⟧\n\n{body}", self.global_step)
+            self.logger.experiment.add_text(
+                "rollouts", f"teacher-written spans in ⟦ ⟧\n\n{body}", self.global_step
+            )
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:
@@ -188,7 +197,12 @@ class DistillationModule(L.LightningModule):
         mask = rollout.completion_mask[:, 1:].float()
         tokens = mask.sum().clamp(min=1)
         for key in ("forward_kl", "reverse_kl"):
-            self.log(f"{prefix}/{task}/{key}", (stats[key] * mask).sum() / tokens, batch_size=n, add_dataloader_idx=False)
+            self.log(
+                f"{prefix}/{task}/{key}",
+                (stats[key] * mask).sum() / tokens,
+                batch_size=n,
+                add_dataloader_idx=False,
+            )
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate(batch, "val")

@@ -11,17 +11,34 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("distill", "torch", "lightning", "transformers", "datasets", "torchmetrics", "jsonargparse", "tensorboard")
+PACKAGES = (
+    "distill",
+    "torch",
+    "lightning",
+    "transformers",
+    "datasets",
+    "torchmetrics",
+    "jsonargparse",
+    "tensorboard",
+)
 
 
 def git_revision(where: str | Path | None = None) -> dict:
     """HEAD of the repository holding `where` (default: this package), and whether it is dirty."""
     cwd = Path(where or Path(__file__).resolve().parent)
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
         if rev.returncode != 0:
             return {"revision": None}
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return {"revision": rev.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"revision": None}

@@ -109,16 +109,25 @@ class RolloutDataModule(L.LightningDataModule):
         self.task = get_task(task)
         self.val_tasks = [get_task(t) for t in (val_tasks if val_tasks is not None else [task])]
         self.test_tasks = [
-            get_task(t) for t in (test_tasks if test_tasks is not None else ["countdown3", "countdown4", "countdown5"])
+            get_task(t)
+            for t in (test_tasks if test_tasks is not None else ["countdown3", "countdown4", "countdown5"])
         ]
         try:  # the sampler validates the knob's settings now, before any model is loaded
             self.sampler = RolloutSampler(
-                mix=mix, granularity=granularity, max_new_tokens=max_new_tokens, temperature=temperature,
-                top_k=top_k, top_p=top_p, speculative_top_k=speculative_top_k, cache_dir=rollout_cache,
+                mix=mix,
+                granularity=granularity,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                speculative_top_k=speculative_top_k,
+                cache_dir=rollout_cache,
             )
         except ValueError as err:
             raise ValueError(f"data.{err}") from None
-        self.eval_sampler = RolloutSampler(mix=0.0, granularity="sequence", max_new_tokens=eval_max_new_tokens, temperature=0.0)
+        self.eval_sampler = RolloutSampler(
+            mix=0.0, granularity="sequence", max_new_tokens=eval_max_new_tokens, temperature=0.0
+        )
         self.tokenizer = None
         self._reuse: tuple[int, dict] | None = None
 
@@ -135,13 +144,19 @@ class RolloutDataModule(L.LightningDataModule):
         if stage in ("fit", "validate"):
             self.val_sets = [Dataset.from_list(t.rows(h.val_size, seed=_seed("val"))) for t in self.val_tasks]
         if stage == "test":
-            self.test_sets = [Dataset.from_list(t.rows(h.test_size, seed=_seed("test"))) for t in self.test_tasks]
+            self.test_sets = [
+                Dataset.from_list(t.rows(h.test_size, seed=_seed("test"))) for t in self.test_tasks
+            ]
 
     def _loader(self, dataset, batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(_seed("order", self.hparams.seed)) if shuffle else None
         return DataLoader(
-            dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
-            collate_fn=self.collate, drop_last=shuffle,
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            collate_fn=self.collate,
+            drop_last=shuffle,
         )
 
     def train_dataloader(self):
@@ -162,7 +177,10 @@ class RolloutDataModule(L.LightningDataModule):
             if self._reuse is not None and step - self._reuse[0] < self.hparams.refresh_every:
                 return self._reuse[1]
             rollout = self.sampler.sample(
-                module.student, module.teacher, batch["input_ids"], batch["attention_mask"],
+                module.student,
+                module.teacher,
+                batch["input_ids"],
+                batch["attention_mask"],
                 generator=torch.Generator().manual_seed(_seed("rollout", self.hparams.seed, step)),
                 seed=self.hparams.seed,
             )
@@ -170,5 +188,7 @@ class RolloutDataModule(L.LightningDataModule):
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
             return out
         tasks = self.test_tasks if trainer.testing else self.val_tasks
-        rollout = self.eval_sampler.sample(module.student, module.teacher, batch["input_ids"], batch["attention_mask"])
+        rollout = self.eval_sampler.sample(
+            module.student, module.teacher, batch["input_ids"], batch["attention_mask"]
+        )
         return {"rollout": rollout, "rows": batch["rows"], "task": tasks[dataloader_idx].name}

@@ -10,7 +10,9 @@ from distill.tasks import countdown, prior
 
 
 @torch.no_grad()
-def greedy_completions(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 250) -> list[str]:
+def greedy_completions(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 250
+) -> list[str]:
     """Greedy completions (special tokens dropped) for left-padded batches of prompts."""
     was_training = model.training
     model.eval()
@@ -18,8 +20,11 @@ def greedy_completions(model, tokenizer, prompts: list[str], max_new_tokens: int
     for i in range(0, len(prompts), batch_size):
         enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True).to(model.device)
         out = model.generate(
-            **enc, do_sample=False, max_new_tokens=max_new_tokens,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            **enc,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
         )
         texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     model.train(was_training)
@@ -35,5 +40,7 @@ def countdown_eval(model, tokenizer, problems, max_new_tokens: int = 96) -> dict
 
 
 def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_tokens: int = 16) -> float:
-    texts = greedy_completions(model, tokenizer, [prior.prompt(e.task, e.query) for e in examples], max_new_tokens)
+    texts = greedy_completions(
+        model, tokenizer, [prior.prompt(e.task, e.query) for e in examples], max_new_tokens
+    )
     return sum(prior.score(t, e.task, e.query) for t, e in zip(texts, examples)) / len(examples)

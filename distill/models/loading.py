@@ -47,7 +47,9 @@ def check_model_path(path: str, field: str) -> str:
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(path, "config.json"), str):
-            raise FileNotFoundError(f"{field}: hub model {path!r} is not in the local cache and HF_HUB_OFFLINE=1")
+            raise FileNotFoundError(
+                f"{field}: hub model {path!r} is not in the local cache and HF_HUB_OFFLINE=1"
+            )
     return path
 
 
@@ -79,12 +81,16 @@ def check_same_tokenizer(teacher_tok, student_tok, teacher: str, student: str) -
             )
 
 
-def load_model(path: str, dtype: str | None = None, device: str | torch.device | None = None, trainable: bool = True):
+def load_model(
+    path: str, dtype: str | None = None, device: str | torch.device | None = None, trainable: bool = True
+):
     """An `AutoModelForCausalLM`; a frozen one (``trainable=False``) is in eval mode with no grads."""
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": resolve_dtype(dtype)} if resolve_dtype(dtype) is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(str(Path(path).expanduser()) if looks_local(path) else path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(Path(path).expanduser()) if looks_local(path) else path, **kwargs
+    )
     if device is not None:
         model.to(device)
     # from_pretrained returns eval mode; a student must train (dropout etc.), a teacher never.
@@ -99,5 +105,7 @@ def vocab_size(tokenizer, *models) -> int:
     for m in models:
         rows = m.get_output_embeddings().weight.shape[0]
         if rows < size:
-            raise ValueError(f"model {m.name_or_path!r} has {rows} output rows, fewer than the tokenizer's {size} tokens")
+            raise ValueError(
+                f"model {m.name_or_path!r} has {rows} output rows, fewer than the tokenizer's {size} tokens"
+            )
     return size

@@ -58,15 +58,32 @@ class Recipe:
 FULL = Recipe(
     teacher=ModelRecipe(layers=4, hidden=256, heads=4, vocab_rows=128, steps=1000, lr=2e-3, style="teacher"),
     student=ModelRecipe(
-        layers=2, hidden=128, heads=4, vocab_rows=112, steps=700, lr=3e-3,
-        countdown_weight=0.1, addition_weight=0.45, reversal_weight=0.45,
+        layers=2,
+        hidden=128,
+        heads=4,
+        vocab_rows=112,
+        steps=700,
+        lr=3e-3,
+        countdown_weight=0.1,
+        addition_weight=0.45,
+        reversal_weight=0.45,
     ),
 )
 QUICK = Recipe(
-    teacher=ModelRecipe(layers=2, hidden=64, heads=2, vocab_rows=128, steps=30, lr=3e-3, batch_size=32, style="teacher"),
+    teacher=ModelRecipe(
+        layers=2, hidden=64, heads=2, vocab_rows=128, steps=30, lr=3e-3, batch_size=32, style="teacher"
+    ),
     student=ModelRecipe(
-        layers=1, hidden=32, heads=2, vocab_rows=112, steps=30, lr=3e-3, batch_size=32,
-        countdown_weight=0.2, addition_weight=0.4, reversal_weight=0.4,
+        layers=1,
+        hidden=32,
+        heads=2,
+        vocab_rows=112,
+        steps=30,
+        lr=3e-3,
+        batch_size=32,
+        countdown_weight=0.2,
+        addition_weight=0.4,
+        reversal_weight=0.4,
     ),
     eval_problems=50,
 )
@@ -154,16 +171,28 @@ class LMTrainer(L.LightningModule):
 def train_model(recipe: ModelRecipe, tokenizer, seed: int, name: str) -> LlamaForCausalLM:
     L.seed_everything(seed, verbose=False)
     config = llama_config(
-        vocab_size=recipe.vocab_rows, hidden_size=recipe.hidden, num_layers=recipe.layers,
-        num_heads=recipe.heads, intermediate_size=2 * recipe.hidden,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=recipe.vocab_rows,
+        hidden_size=recipe.hidden,
+        num_layers=recipe.layers,
+        num_heads=recipe.heads,
+        intermediate_size=2 * recipe.hidden,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    loader = DataLoader(MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer))
+    loader = DataLoader(
+        MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer)
+    )
     trainer = L.Trainer(
-        max_steps=recipe.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        gradient_clip_val=1.0, enable_model_summary=False, deterministic=True,
+        max_steps=recipe.steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        gradient_clip_val=1.0,
+        enable_model_summary=False,
+        deterministic=True,
     )
     print(f"[tiny-world] training {name}: {recipe.layers}x{recipe.hidden}, {recipe.steps} steps", flush=True)
     trainer.fit(LMTrainer(model, recipe.lr, recipe.steps), loader)
@@ -178,7 +207,9 @@ def _is_built(out: Path, recipe: Recipe) -> bool:
         quality = json.loads((out / "quality.json").read_text())
     except (OSError, ValueError):
         return False
-    return quality.get("recipe") == asdict(recipe) and all((out / m / "config.json").exists() for m in ("teacher", "student"))
+    return quality.get("recipe") == asdict(recipe) and all(
+        (out / m / "config.json").exists() for m in ("teacher", "student")
+    )
 
 
 def build(out: Path, recipe: Recipe = FULL, force: bool = False) -> dict:
@@ -207,7 +238,10 @@ def build(out: Path, recipe: Recipe = FULL, force: bool = False) -> dict:
         quality[f"{name}_countdown3"] = scores["accuracy"]
         quality[f"{name}_style_share"] = scores["style_share"]
         if name == "student":
-            per_task = {t: prior_accuracy(model, tokenizer, prior.generate(t, recipe.eval_problems, seed=0)) for t in prior.TASKS}
+            per_task = {
+                t: prior_accuracy(model, tokenizer, prior.generate(t, recipe.eval_problems, seed=0))
+                for t in prior.TASKS
+            }
             quality.update({f"student_prior_{t}": v for t, v in per_task.items()})
             quality["student_prior"] = min(per_task.values())
     quality["build_seconds"] = round(time.time() - start, 1)
@@ -224,9 +258,15 @@ def _rmtree(path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="distill tiny-world", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: $DISTILL_CACHE/tiny-world)")
-    parser.add_argument("--quick", action="store_true", help="a low-quality world in under a minute (for tests)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if a world with this recipe exists")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: $DISTILL_CACHE/tiny-world)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a low-quality world in under a minute (for tests)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="rebuild even if a world with this recipe exists"
+    )
     args = parser.parse_args(argv)
     out = args.out or default_dir()
     quality = build(out, QUICK if args.quick else FULL, force=args.force)

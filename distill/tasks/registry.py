@@ -59,7 +59,9 @@ class PriorTask:
         return completion.split("\n", 1)[0].strip()
 
 
-TASKS = {name: CountdownTask(name) for name in countdown.DIFFICULTIES} | {name: PriorTask(name) for name in prior.TASKS}
+TASKS = {name: CountdownTask(name) for name in countdown.DIFFICULTIES} | {
+    name: PriorTask(name) for name in prior.TASKS
+}
 
 
 def get_task(name: str):

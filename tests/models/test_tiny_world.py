@@ -58,7 +58,9 @@ def test_cli_builds_a_quick_world(tmp_path):
     out = tmp_path / "w"
     proc = subprocess.run(
         [sys.executable, "-m", "distill.cli", "tiny-world", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "teacher_countdown3" in proc.stdout
