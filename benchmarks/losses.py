@@ -96,8 +96,10 @@ def _spawn(name, variant, args) -> dict:
     cmd += ["--repeats", str(args.repeats)]
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child {name}/{variant} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

@@ -185,6 +185,7 @@ class TokenDivergence(nn.Module):
             self.temperature,
             resolve_chunk_size(self.chunk_size, width),
             reduce,
+            torch.is_grad_enabled(),
         )
 
     def _kernel(self, tokens: Tensor | None, behaviour_logprobs: Tensor | None) -> RowKernel:

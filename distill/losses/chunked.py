@@ -109,7 +109,8 @@ def _run(
 
 
 class ChunkedDivergence(torch.autograd.Function):
-    """``apply(student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce)``.
+    """``apply(student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce,
+    grad_enabled)`` (pass ``torch.is_grad_enabled()`` as the last: inside ``forward`` it is always off).
 
     ``rows``: flat indices into ``B*T`` of the positions to evaluate. ``row_scale``: ``[B*T]`` float32
     weights. With ``reduce`` the output is the scalar ``sum(row_scale * value)``; otherwise the
@@ -117,8 +118,11 @@ class ChunkedDivergence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce):
-        want_grad = ctx.needs_input_grad[0]
+    def forward(
+        ctx, student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce, grad_enabled
+    ):
+        # needs_input_grad is True even under torch.no_grad(), where no backward can follow
+        want_grad = ctx.needs_input_grad[0] and grad_enabled
         with torch.no_grad():
             values, grad = _run(
                 kernel, student, teacher, rows, row_scale, width, temperature, chunk_size, want_grad
@@ -148,4 +152,4 @@ class ChunkedDivergence(torch.autograd.Function):
                 grad.mul_(grad_out.to(grad.dtype))
         else:
             grad.mul_(grad_out.to(grad.dtype).unsqueeze(-1))
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None

@@ -210,3 +210,18 @@ def test_no_grad_inputs_need_no_backward():
     s, t = _logits(1, 3, 5, seed=28), _logits(1, 3, 5, seed=29)
     val = ReverseKL()(s, t, torch.ones(1, 3))
     assert not val.requires_grad and val.item() > 0
+
+
+def test_no_gradient_work_under_no_grad(monkeypatch):
+    import distill.losses.functional as functional
+
+    seen = []
+    real = functional.logit_grad
+    monkeypatch.setattr(functional, "logit_grad", lambda g, p: seen.append(1) or real(g, p))
+    s = _logits(1, 3, 5, seed=30).requires_grad_()
+    t = _logits(1, 3, 5, seed=31)
+    with torch.no_grad():
+        val = ForwardKL()(s, t, torch.ones(1, 3))
+    assert not val.requires_grad and not seen
+    ForwardKL()(s, t, torch.ones(1, 3))
+    assert seen
