@@ -14,10 +14,12 @@ is loaded with one line naming the field, the value and what is allowed.
 from __future__ import annotations
 
 import sys
+import warnings
 import time
 from pathlib import Path
 
 import lightning as L
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -84,9 +86,51 @@ def _flatten(results: list[dict] | None) -> dict:
     return out
 
 
+def expand_bases(args: list[str]) -> list[str]:
+    """Config files may start from others: a top-level `base: FILE` (or a list; relative to the
+    file) is replaced by `--config FILE ... --config <the rest>`, so that LightningCLI deep-merges
+    them (jsonargparse's own nested `config:` key replaces a model's `init_args` wholesale)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-c", "--config") and i + 1 < len(args):
+            out += _expand_file(args[i + 1], seen=())
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            out += _expand_file(arg.split("=", 1)[1], seen=())
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _expand_file(path: str, seen: tuple) -> list[str]:
+    file = Path(path)
+    if not file.is_file():
+        return ["--config", path]  # not a file (or an inline YAML string): jsonargparse reports it
+    data = yaml.safe_load(file.read_text())
+    if not isinstance(data, dict) or "base" not in data:
+        return ["--config", path]
+    if file.resolve() in seen:
+        raise ValueError(f"config {path}: `base` includes form a cycle: {' -> '.join(map(str, seen))}")
+    bases = data.pop("base")
+    out: list[str] = []
+    for base in [bases] if isinstance(bases, str) else bases:
+        base_path = file.parent / base
+        if not base_path.is_file():
+            raise FileNotFoundError(f"config {path}: base {base!r} not found (looked for {base_path})")
+        out += _expand_file(str(base_path), (*seen, file.resolve()))
+    return out + ["--config", yaml.safe_dump(data)] if data else out
+
+
 def run_lightning_cli(argv: list[str]) -> dict:
     command, args = argv[0], argv[1:]
+    # `distill fit ARGS` hands ARGS to LightningCLI explicitly; its warning about sys.argv is moot.
+    warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
     try:
+        args = expand_bases(args)
         cli = DistillCLI(
             L.LightningModule,
             RolloutDataModule,

@@ -10,6 +10,7 @@ number of micro-batches, which mis-weights completions of different lengths (TRL
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import lightning as L
@@ -91,6 +92,9 @@ class DistillationModule(L.LightningModule):
         self.strict_loading = False  # checkpoints hold no teacher tensors
         self.student = None
         self.teacher = None
+        # Set by a measurement callback (GradientStats) to receive dL/dz of the student's logits:
+        # `sink.record(grad [b, T-1, V], completion_mask, teacher_token_mask, num_items)` per micro-batch.
+        self.logit_grad_sink = None
         self._register_state_dict_hook(_drop_teacher)
 
     # --- models -----------------------------------------------------------------------------------
@@ -128,43 +132,64 @@ class DistillationModule(L.LightningModule):
         return logits[:, :-1, : self.vocab_size]
 
     def pair_logits(self, input_ids, attention_mask):
+        """(student, teacher) logits; the teacher's under no_grad (not inference_mode: they meet autograd)."""
         with torch.no_grad():
             teacher = self._logits(self.teacher, input_ids, attention_mask)
         return self._logits(self.student, input_ids, attention_mask), teacher
 
     # --- training ---------------------------------------------------------------------------------
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        """One optimiser step on one rollout batch. Returns what measurement callbacks read in
+        `on_train_batch_end`: the loss, the rollout, the step's completion-token count, wall seconds
+        per phase and the tokens each model processed."""
         rollout = batch["rollout"]
         ids, attn = rollout.input_ids, rollout.attention_mask
         mask = rollout.completion_mask[:, 1:]
+        teacher_written = rollout.teacher_token_mask[:, 1:]
         num_items = step_token_count([mask])
         size = self.hparams.micro_batch_size or ids.shape[0]
         optimizer = self.optimizers()
+        timings = {"teacher_forward": 0.0, "student_forward_backward": 0.0}
         sums = torch.zeros(5, device=ids.device)  # loss, fkl, rkl, student H, teacher H (token sums)
         for start in range(0, ids.shape[0], size):
             rows = slice(start, start + size)
-            student, teacher = self.pair_logits(ids[rows], attn[rows])
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                teacher = self._logits(self.teacher, ids[rows], attn[rows])
+            t1 = time.perf_counter()
+            student = self._logits(self.student, ids[rows], attn[rows])
+            if self.logit_grad_sink is not None:
+                sink, m_rows, t_rows = self.logit_grad_sink, mask[rows], teacher_written[rows]
+                student.register_hook(lambda g: sink.record(g, m_rows, t_rows, num_items))
             loss = self.divergence(student, teacher, mask[rows], tokens=ids[rows, 1:], num_items=num_items)
             self.manual_backward(loss)
+            timings["teacher_forward"] += t1 - t0
+            timings["student_forward_backward"] += time.perf_counter() - t1
             stats = token_statistics(student.detach(), teacher)
             m = mask[rows].float()
-            sums += torch.stack(
-                [loss.detach() * num_items]
-                + [
-                    (stats[k] * m).sum()
-                    for k in ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
-                ]
-            )
+            keys = ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
+            sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])
             del student, teacher, stats
         clip = self.hparams.gradient_clip_val
         grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
+        t0 = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        timings["student_forward_backward"] += time.perf_counter() - t0
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
         self._log_step(rollout, sums / num_items.clamp(min=1), grad_norm, optimizer)
-        return sums[0] / num_items.clamp(min=1)
+        real_tokens = int(attn.sum())
+        return {
+            "loss": sums[0] / num_items.clamp(min=1),
+            "rollout": rollout,
+            "num_items": int(num_items),
+            "grad_norm": float(grad_norm),
+            "timings": timings,
+            # Both models read every real token of the step's sequences once.
+            "tokens": {"teacher_forward": real_tokens, "student_train": real_tokens},
+        }
 
     def _log_step(self, rollout, means, grad_norm, optimizer) -> None:
         names = ("loss", "forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
