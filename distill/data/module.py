@@ -4,7 +4,11 @@ The DataModule owns rollout sampling: its dataloaders yield tokenised prompt bat
 `on_after_batch_transfer` turns each one — on the device, with the current student — into a
 `RolloutBatch` written by the student/teacher mixture (training) or by the student alone, greedily
 (validation and test). Each batch seen by the LightningModule is a dict
-``{"rollout": RolloutBatch, "rows": [task rows], "task": name}``.
+``{"rollout": RolloutBatch, "rows": [task rows], "task": name}``; training batches also carry
+``"group_size"`` (consecutive rows that share a prompt, `data.group_size`).
+
+A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule`) works with
+`mix` 0 and a granularity other than `speculative`: the student then writes every rollout.
 """
 
 from __future__ import annotations
@@ -58,7 +62,10 @@ class RolloutDataModule(L.LightningDataModule):
             replaced by teacher samples.
         refresh_every: how many optimiser steps a batch of rollouts is reused (1 = always fresh,
             fully on-policy; larger values make student rollouts stale).
-        batch_size: sequences per optimiser step on each device.
+        batch_size: prompts per optimiser step on each device (sequences, with group_size 1).
+        group_size: completions sampled per training prompt (G, >= 1): each prompt of a batch is
+            repeated G times (consecutive rows, `rows` repeated to match) before rollout sampling,
+            so a step holds batch_size x G sequences. GRPO needs G >= 2; distillation uses 1.
         eval_batch_size: prompts per evaluation batch.
         train_size: number of training prompts (one epoch).
         val_size: prompts per validation task.
@@ -85,6 +92,7 @@ class RolloutDataModule(L.LightningDataModule):
         speculative_top_k: int = 5,
         refresh_every: int = 1,
         batch_size: int = 16,
+        group_size: int = 1,
         eval_batch_size: int = 100,
         train_size: int = 20000,
         val_size: int = 200,
@@ -99,7 +107,14 @@ class RolloutDataModule(L.LightningDataModule):
     ):
         super().__init__()
         self.save_hyperparameters()
-        for name in ("refresh_every", "batch_size", "eval_batch_size", "train_size", "eval_max_new_tokens"):
+        for name in (
+            "refresh_every",
+            "batch_size",
+            "group_size",
+            "eval_batch_size",
+            "train_size",
+            "eval_max_new_tokens",
+        ):
             value = getattr(self.hparams, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"data.{name} must be an integer >= 1, got {value!r}")
@@ -137,6 +152,8 @@ class RolloutDataModule(L.LightningDataModule):
             path = self.hparams.tokenizer
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
         self.collate = PromptCollator(self.tokenizer, self.hparams.chat_template)
+        # Never sample the padded embedding rows past the tokenizer: they are not tokens.
+        self.sampler.vocab_size = self.eval_sampler.vocab_size = len(self.tokenizer)
         seed, h = self.hparams.seed, self.hparams
         # Split seeds are disjoint: training prompts never come from the evaluation generators.
         if stage == "fit":
@@ -176,19 +193,45 @@ class RolloutDataModule(L.LightningDataModule):
             step = trainer.global_step
             if self._reuse is not None and step - self._reuse[0] < self.hparams.refresh_every:
                 return self._reuse[1]
-            rollout = self.sampler.sample(
-                module.student,
-                module.teacher,
+            ids, attn, rows, g = (
                 batch["input_ids"],
                 batch["attention_mask"],
+                batch["rows"],
+                self.hparams.group_size,
+            )
+            if g > 1:  # the per-row sampling streams differ by occurrence, so a group's rows differ
+                ids, attn = ids.repeat_interleave(g, dim=0), attn.repeat_interleave(g, dim=0)
+                rows = [row for row in rows for _ in range(g)]
+            rollout = self.sampler.sample(
+                module.student,
+                self._teacher(module, self.sampler),
+                ids,
+                attn,
                 generator=torch.Generator().manual_seed(_seed("rollout", self.hparams.seed, step)),
                 seed=self.hparams.seed,
             )
-            out = {"rollout": rollout, "rows": batch["rows"], "task": self.task.name}
+            out = {"rollout": rollout, "rows": rows, "task": self.task.name, "group_size": g}
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
             return out
         tasks = self.test_tasks if trainer.testing else self.val_tasks
         rollout = self.eval_sampler.sample(
-            module.student, module.teacher, batch["input_ids"], batch["attention_mask"]
+            module.student,
+            self._teacher(module, self.eval_sampler),
+            batch["input_ids"],
+            batch["attention_mask"],
         )
         return {"rollout": rollout, "rows": batch["rows"], "task": tasks[dataloader_idx].name}
+
+    @staticmethod
+    def _teacher(module, sampler: RolloutSampler):
+        """The module's teacher; for a module without one, the student, where the sampler never
+        lets the teacher write (mix 0, not speculative)."""
+        teacher = getattr(module, "teacher", None)
+        if teacher is not None:
+            return teacher
+        if sampler.mix > 0 or sampler.granularity == "speculative":
+            raise ValueError(
+                f"data.mix={sampler.mix} with granularity {sampler.granularity!r} needs a teacher, but "
+                f"{type(module).__name__} has none: use data.mix 0 with granularity batch, sequence or token"
+            )
+        return module.student

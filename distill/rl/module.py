@@ -1,0 +1,387 @@
+"""`GRPOModule`: reinforcement learning with verifiable rewards (GRPO) from any student.
+
+    distill fit --config configs/tiny/grpo_countdown.yaml
+    distill fit --config configs/tiny/grpo_countdown.yaml --model.init_args.student runs/fkl_mix0/student
+
+Each training batch arrives from `RolloutDataModule` with `data.group_size` (G) completions per
+prompt, sampled from the current policy (consecutive rows form a group; `data.mix` must be 0). The
+task's verifier scores each completion; advantages are the rewards normalised within their group;
+the policy then takes `num_iterations` (mu) optimiser steps on the batch with PPO's clipped
+surrogate against the sampling policy, plus an optional KL penalty towards the frozen starting
+policy. Losses are token sums over completions divided by the completion tokens of the whole step
+(micro-batches and ranks included), as in `DistillationModule`.
+
+Steps: `trainer.max_steps` counts optimiser steps, so a run sees max_steps / mu rollout batches
+(the last batch takes fewer passes if max_steps is not a multiple of mu). `val_check_interval`
+and `log_every_n_steps` count rollout batches (Lightning counts batches), and so does the x axis of
+the `train/*` curves.
+
+Measurement callbacks: `training_step` returns the same dict as `DistillationModule`'s
+(`loss`, `rollout`, `num_items`, `grad_norm`, `timings`, `tokens`); `student`, `tokenizer`,
+`vocab_size` and `logit_grad_sink` mean the same; `teacher` is always None (there is none: a
+callback must then skip teacher-side measurements). `reference` is the frozen starting policy
+(None unless `kl_coef > 0` or `log_kl_to_start`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from distill.losses import step_token_count, token_statistics
+from distill.models.loading import (
+    check_model_path,
+    check_same_tokenizer,
+    load_model,
+    load_tokenizer,
+    resolve_dtype,
+    vocab_size,
+)
+from distill.rl.objective import (
+    KL_ESTIMATORS,
+    clipped_surrogate,
+    group_advantages,
+    kl_penalty,
+    token_logprobs,
+)
+from distill.tasks.registry import get_task
+
+
+def _default_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-6)
+
+
+class GRPOModule(L.LightningModule):
+    """Group Relative Policy Optimisation of `student` on the verifier rewards of `data.task`.
+
+    Args:
+        student: the starting policy: hub id, local `save_pretrained` directory (e.g. a distillation
+            run's `<run_dir>/student`) or `tiny-world:NAME`. Its tokenizer is used.
+        reference: the frozen policy of the KL penalty and of `train/kl_to_start`; None = the
+            starting policy (`student` as loaded). Must share the student's tokenizer.
+        optimizer: optimiser over the policy's parameters only.
+        lr_scheduler: optional LR schedule, stepped once per optimiser step (mu per batch).
+        num_iterations: optimiser steps (passes, mu) per rollout batch; passes after the first are
+            off-policy and rely on the clipped ratio.
+        clip_epsilon: lower clip range: the ratio is clipped at 1 - clip_epsilon (in (0, 1)).
+        clip_epsilon_high: upper clip range 1 + clip_epsilon_high (> 0; DAPO's clip-higher);
+            None = clip_epsilon.
+        kl_coef: weight of the KL penalty to the reference (>= 0; 0 = none, as in DAPO and Dr. GRPO).
+        kl_estimator: per-token estimator of the penalty: `k1`, `k2` or `k3` (DeepSeekMath's GRPO;
+            see `distill.rl.objective.kl_penalty` for what each one's gradient pulls towards).
+        scale_rewards: divide centred rewards by their group's std (False: Dr. GRPO, centring only).
+        advantage_epsilon: added to the group std before dividing (>= 0).
+        log_kl_to_start: log the exact KL(policy || reference) per token even when kl_coef = 0
+            (keeps the reference loaded: one frozen copy of the policy).
+        micro_batch_size: sequences per forward/backward pass; None = the whole batch.
+        gradient_clip_val: clip the policy's gradient norm to this value (None = no clipping).
+        student_dtype: dtype of the policy (`auto`, `float32`, `bfloat16`, `float16`).
+        reference_dtype: dtype of the frozen reference.
+        log_text_every: log a few scored completions to TensorBoard every N rollout batches (0 = never).
+        num_text_samples: completions per text log.
+    """
+
+    def __init__(
+        self,
+        student: str,
+        reference: str | None = None,
+        optimizer: OptimizerCallable = _default_optimizer,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        num_iterations: int = 1,
+        clip_epsilon: float = 0.2,
+        clip_epsilon_high: float | None = None,
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        scale_rewards: bool = True,
+        advantage_epsilon: float = 1e-4,
+        log_kl_to_start: bool = True,
+        micro_batch_size: int | None = None,
+        gradient_clip_val: float | None = 1.0,
+        student_dtype: str = "float32",
+        reference_dtype: str = "float32",
+        log_text_every: int = 50,
+        num_text_samples: int = 4,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        _check(
+            isinstance(num_iterations, int) and num_iterations >= 1,
+            "num_iterations",
+            num_iterations,
+            "an integer >= 1",
+        )
+        _check(0 < clip_epsilon < 1, "clip_epsilon", clip_epsilon, "in (0, 1)")
+        _check(
+            clip_epsilon_high is None or clip_epsilon_high > 0,
+            "clip_epsilon_high",
+            clip_epsilon_high,
+            "None or > 0",
+        )
+        _check(kl_coef >= 0 and math.isfinite(kl_coef), "kl_coef", kl_coef, "a finite number >= 0")
+        _check(kl_estimator in KL_ESTIMATORS, "kl_estimator", kl_estimator, f"one of {list(KL_ESTIMATORS)}")
+        _check(advantage_epsilon >= 0, "advantage_epsilon", advantage_epsilon, ">= 0")
+        _check(
+            micro_batch_size is None or (isinstance(micro_batch_size, int) and micro_batch_size >= 1),
+            "micro_batch_size",
+            micro_batch_size,
+            "None or an integer >= 1",
+        )
+        _check(
+            gradient_clip_val is None or gradient_clip_val > 0,
+            "gradient_clip_val",
+            gradient_clip_val,
+            "None or > 0",
+        )
+        _check(
+            isinstance(log_text_every, int) and log_text_every >= 0,
+            "log_text_every",
+            log_text_every,
+            "an integer >= 0",
+        )
+        resolve_dtype(student_dtype, "model.student_dtype")
+        resolve_dtype(reference_dtype, "model.reference_dtype")
+        self.student_path = check_model_path(student, "model.student")
+        self.tokenizer = load_tokenizer(self.student_path)
+        self.use_reference = kl_coef > 0 or log_kl_to_start
+        self.reference_path = (
+            check_model_path(reference, "model.reference") if reference else self.student_path
+        )
+        if reference:
+            check_same_tokenizer(load_tokenizer(self.reference_path), self.tokenizer, reference, student)
+        self.vocab_size = len(self.tokenizer)
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.clip_low = float(clip_epsilon)
+        self.clip_high = float(clip_epsilon if clip_epsilon_high is None else clip_epsilon_high)
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold no reference tensors
+        self.student = None
+        self.reference = None
+        self.teacher = None  # GRPO has no teacher; measurement callbacks must tolerate None
+        self.logit_grad_sink = None  # as in DistillationModule: receives dL/dz of the policy's logits
+        self.temperature = 1.0  # the sampling temperature, read from the DataModule at fit start
+        self._register_state_dict_hook(_drop_reference)
+
+    # --- models -----------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.student is not None:
+            return
+        self.student = load_model(self.student_path, self.hparams.student_dtype, trainable=True)
+        models = [self.student]
+        if self.use_reference:
+            self.reference = load_model(self.reference_path, self.hparams.reference_dtype, trainable=False)
+            models.append(self.reference)
+        vocab_size(self.tokenizer, *models)
+
+    def on_fit_start(self) -> None:
+        data = self.trainer.datamodule
+        group_size = getattr(getattr(data, "hparams", None), "group_size", None)
+        if group_size is not None and group_size < 2:
+            raise ValueError(
+                f"data.group_size must be >= 2 for GRPO (advantages compare completions of the same "
+                f"prompt), got {group_size}"
+            )
+        sampler = getattr(data, "sampler", None)
+        if sampler is not None:
+            if sampler.temperature == 0:
+                raise ValueError(
+                    "data.temperature must be > 0 for GRPO: greedy decoding makes every group's completions equal"
+                )
+            self.temperature = sampler.temperature
+
+    def on_train_start(self) -> None:
+        if self.reference is not None:
+            self.reference.eval()  # the Trainer restores submodule modes (Lightning >= 2.2)
+
+    def on_validation_model_train(self) -> None:
+        super().on_validation_model_train()
+        if self.reference is not None:
+            self.reference.eval()
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory([p for p in self.student.parameters() if p.requires_grad])
+        if self.scheduler_factory is None:
+            return optimizer
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"},
+        }
+
+    def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
+        """Logits over the real vocabulary predicting tokens 1..T-1 (`[B, T-1, V]`)."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        return logits[:, :-1, : self.vocab_size]
+
+    # --- training ---------------------------------------------------------------------------------
+    def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
+        """Verifier score of each completion (`[B]` float32) and the completions' texts."""
+        task = get_task(batch["task"])
+        texts = batch["rollout"].completions(self.tokenizer)
+        scores = [task.score(text, row) for text, row in zip(texts, batch["rows"])]
+        return torch.tensor(scores, dtype=torch.float32, device=batch["rollout"].input_ids.device), texts
+
+    def training_step(self, batch: dict, batch_idx: int) -> dict:
+        """`num_iterations` optimiser steps on one rollout batch. Returns what measurement callbacks
+        read in `on_train_batch_end` (see the module docstring): the mean loss over passes, the
+        rollout, the step's completion-token count, the last pass's gradient norm, wall seconds per
+        phase and the tokens each model processed."""
+        rollout = batch["rollout"]
+        group_size = int(batch.get("group_size", 1))
+        rewards, texts = self.rewards(batch)
+        advantages, zero_signal = group_advantages(
+            rewards, group_size, self.hparams.scale_rewards, self.hparams.advantage_epsilon
+        )
+        ids, attn = rollout.input_ids, rollout.attention_mask
+        mask, tokens = rollout.completion_mask[:, 1:], ids[:, 1:]
+        num_items = step_token_count([mask])
+        denom = num_items.clamp(min=1).float()
+        size = self.hparams.micro_batch_size or ids.shape[0]
+        micro = [slice(s, s + size) for s in range(0, ids.shape[0], size)]
+        passes = self.hparams.num_iterations
+        if self.trainer.max_steps > 0:  # never step past max_steps (it counts optimiser steps)
+            passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        timings = {"reference_forward": 0.0, "student_forward_backward": 0.0}
+        # Pass 1 runs before any step, with the sampling policy's parameters: its detached
+        # log-probs are the old log-probs of every later pass (this saves a no-grad forward).
+        old_logp = torch.zeros(mask.shape, device=ids.device)
+        ref_logp = torch.zeros(mask.shape, device=ids.device)
+        sums = {"loss": 0.0, "clipped": 0.0, "kl_to_start": 0.0, "kl_penalty": 0.0}
+        grad_norm = torch.zeros(())
+        for p in range(passes):
+            for rows in micro:
+                m = mask[rows].float()
+                if p == 0 and self.reference is not None:
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        ref_logits = self._logits(self.reference, ids[rows], attn[rows])
+                        ref_logp[rows] = token_logprobs(ref_logits, tokens[rows], self.temperature)
+                    timings["reference_forward"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                logits = self._logits(self.student, ids[rows], attn[rows])
+                if self.logit_grad_sink is not None:
+                    logits.register_hook(
+                        partial(
+                            self.logit_grad_sink.record,
+                            completion_mask=mask[rows],
+                            teacher_token_mask=torch.zeros_like(mask[rows]),
+                            num_items=num_items,
+                        )
+                    )
+                logp = token_logprobs(logits, tokens[rows], self.temperature)
+                if p == 0:
+                    old_logp[rows] = logp.detach()
+                    if self.reference is not None:
+                        stats = token_statistics(logits.detach(), ref_logits, temperature=self.temperature)
+                        sums["kl_to_start"] += float((stats["reverse_kl"] * m).sum())
+                        del ref_logits, stats
+                per_token, cut = clipped_surrogate(
+                    logp, old_logp[rows], advantages[rows], self.clip_low, self.clip_high
+                )
+                if self.hparams.kl_coef > 0:
+                    kl = kl_penalty(logp, ref_logp[rows], self.hparams.kl_estimator)
+                    per_token = per_token + self.hparams.kl_coef * kl
+                    if p == 0:
+                        sums["kl_penalty"] += float((kl.detach() * m).sum())
+                loss = (per_token * m).sum() / denom
+                self.manual_backward(loss)
+                timings["student_forward_backward"] += time.perf_counter() - t0
+                sums["loss"] += float(loss.detach())
+                sums["clipped"] += float((cut.float() * m).sum())
+                del logits, logp, per_token, loss
+            t0 = time.perf_counter()
+            clip = self.hparams.gradient_clip_val
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            timings["student_forward_backward"] += time.perf_counter() - t0
+        self._log_step(batch, rewards, zero_signal, sums, float(denom), passes, grad_norm, optimizer, texts)
+        real_tokens = int(attn.sum())
+        return {
+            "loss": torch.tensor(sums["loss"] / passes),
+            "rollout": rollout,
+            "num_items": int(num_items),
+            "grad_norm": float(grad_norm),
+            "timings": timings,
+            # The policy reads every real token once per pass; the reference once per batch.
+            "tokens": {
+                "student_train": real_tokens * passes,
+                "reference_forward": real_tokens if self.reference is not None else 0,
+                "teacher_forward": 0,
+            },
+        }
+
+    def _log_step(self, batch, rewards, zero_signal, sums, tokens, passes, grad_norm, optimizer, texts):
+        rollout = batch["rollout"]
+        n = len(rewards)
+        self.log("train/loss", sums["loss"] / passes, prog_bar=True, batch_size=n)
+        self.log("train/reward_mean", rewards.mean(), prog_bar=True, batch_size=n)
+        self.log("train/reward_std", rewards.std(correction=0), batch_size=n)
+        self.log("train/zero_signal_groups", zero_signal.float().mean(), batch_size=n)
+        self.log("train/clip_fraction", sums["clipped"] / (tokens * passes), batch_size=n)
+        if self.reference is not None:
+            self.log("train/kl_to_start", sums["kl_to_start"] / tokens, prog_bar=True, batch_size=n)
+        if self.hparams.kl_coef > 0:
+            self.log("train/kl_penalty", sums["kl_penalty"] / tokens, batch_size=n)
+        self.log("train/completion_length", rollout.completion_mask.sum(-1).float().mean(), batch_size=n)
+        self.log("train/grad_norm", float(grad_norm), batch_size=n)
+        self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
+        every = self.hparams.log_text_every
+        batch_index = (self.global_step - passes) // self.hparams.num_iterations  # rollout batches so far
+        if every and batch_index % every == 0 and isinstance(self.logger, TensorBoardLogger):
+            shown = [
+                f"    [reward {float(r):g}] {t}".replace("\n", "\n    ")
+                for r, t in list(zip(rewards, rollout.render(self.tokenizer)))[
+                    : self.hparams.num_text_samples
+                ]
+            ]
+            self.logger.experiment.add_text("completions", "\n\n".join(shown), self.global_step)
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def _evaluate(self, batch: dict, prefix: str) -> None:
+        rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
+        scores, _ = self.rewards(batch)
+        n = len(rows)
+        self.log(f"{prefix}/{task}/accuracy", scores.mean(), batch_size=n, add_dataloader_idx=False)
+        if self.reference is None:
+            return
+        with torch.no_grad():
+            policy = self._logits(self.student, rollout.input_ids, rollout.attention_mask)
+            reference = self._logits(self.reference, rollout.input_ids, rollout.attention_mask)
+        mask = rollout.completion_mask[:, 1:].float()
+        kl = (token_statistics(policy, reference)["reverse_kl"] * mask).sum() / mask.sum().clamp(min=1)
+        self.log(f"{prefix}/{task}/kl_to_start", kl, batch_size=n, add_dataloader_idx=False)
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "test")
+
+    # --- export -----------------------------------------------------------------------------------
+    def export_student(self, path: str | Path) -> Path:
+        """`save_pretrained` the policy and its tokenizer (loadable with the Auto* classes)."""
+        path = Path(path)
+        self.student.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+
+def _check(ok: bool, field: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"model.{field} must be {allowed}, got {value!r}")
+
+
+def _drop_reference(module, state_dict, prefix, local_metadata):
+    for key in [k for k in state_dict if k.startswith(prefix + "reference.")]:
+        del state_dict[key]
+    return state_dict

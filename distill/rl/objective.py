@@ -1,0 +1,92 @@
+"""GRPO's tensor math: group-normalised advantages, per-token log-probs, the clipped surrogate and
+the per-token KL penalty. Pure functions, no Lightning (layer 2 conventions: float32 math).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# exp(30) ~ 1e13: a log-ratio past it means a token the policy all but excludes; k3's exp stays finite.
+MAX_LOG_RATIO = 30.0
+
+
+def group_advantages(
+    rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4
+) -> tuple[Tensor, Tensor]:
+    """Advantages of `rewards` (`[N]`, N = groups x `group_size`, each group's rows consecutive).
+
+    A = (r - mean of its group) / (std of its group + eps) with `scale`, else r - mean (Dr. GRPO,
+    which drops the std division to avoid favouring low-variance groups). The std is the sample
+    std (n - 1), as TRL computes it. A group whose rewards are all equal carries no signal: its
+    advantages are exactly 0 (not a rounding residue).
+
+    Returns (advantages `[N]` float32, zero_signal `[N // group_size]` bool: the all-equal groups).
+    """
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards must be [N] with N a multiple of group_size={group_size}, got shape {tuple(rewards.shape)}"
+        )
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    r = rewards.detach().float().view(-1, group_size)
+    zero_signal = (r == r[:, :1]).all(dim=1)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale and group_size > 1:
+        centred = centred / (r.std(dim=1, keepdim=True) + eps)
+    return centred.masked_fill(zero_signal[:, None], 0.0).view(-1), zero_signal
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature) at `tokens`: `[B, T, V]`, `[B, T]` -> `[B, T]` float32."""
+    if logits.shape[:2] != tokens.shape:
+        raise ValueError(
+            f"logits [B, T, V] and tokens [B, T] disagree: {tuple(logits.shape)} vs {tuple(tokens.shape)}"
+        )
+    z = logits.float() / temperature
+    return z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def clipped_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped objective per token, as a loss: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)
+    with r = exp(logp - old_logp) (`[B, T]`) and A the row's advantage (`[B]`, or `[B, T]`).
+
+    The gradient is zero where the clipped branch is the smaller one and r lies outside the band
+    (r > 1 + clip_high with A > 0, r < 1 - clip_low with A < 0): the policy has already moved far
+    enough that way. Elsewhere it is -A r d logp (pushing logp up when A > 0).
+
+    Returns (loss `[B, T]` float32, clipped `[B, T]` bool: the tokens whose gradient is cut off).
+    """
+    a = advantages.float()
+    if a.dim() == 1:
+        a = a[:, None]
+    ratio = torch.exp(logp - old_logp.detach())
+    unclipped = ratio * a
+    clipped_value = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * a
+    loss = -torch.minimum(unclipped, clipped_value)
+    cut = ((ratio > 1.0 + clip_high) & (a > 0)) | ((ratio < 1.0 - clip_low) & (a < 0))
+    return loss, cut
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
+    """Schulman's single-sample estimators of KL(policy || reference) per token, on tokens the policy
+    sampled: with d = ref_logp - logp, k1 = -d, k2 = d^2 / 2, k3 = exp(d) - 1 - d (`[B, T]` float32).
+
+    Differentiated through `logp` as a loss term (DeepSeekMath's GRPO uses k3 so), their expected
+    gradients differ: k2's is the gradient of KL(policy || reference); k3's that of
+    KL(reference || policy) (mass-covering, still a pull towards the reference); k1's is zero in
+    expectation (its value is still an unbiased estimate of the KL, for logging).
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got {estimator!r}")
+    d = (ref_logp.detach().float() - logp.float()).clamp(max=MAX_LOG_RATIO)
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    return torch.expm1(d) - d
