@@ -1,0 +1,173 @@
+"""`Forgetting`: how much of the student's prior abilities survives distillation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import lightning as L
+import torch.nn.functional as F
+
+from distill.callbacks.generation import log_scalars, next_token_logits, student_rollouts
+from distill.callbacks.options import check_int, check_tasks
+from distill.rollout import RolloutSampler
+from distill.tasks.registry import get_task
+
+ROWS_SEED = 7919  # retention rows: fixed, so every run and every step scores the same examples
+
+
+def load_nll_texts(nll_texts: Mapping[str, Sequence[str] | str] | None) -> dict[str, list[str]]:
+    """name -> texts, reading a `str` value as a UTF-8 file with one text per (non-empty) line."""
+    if nll_texts is None:
+        return {}
+    if not isinstance(nll_texts, Mapping):
+        raise ValueError(
+            f"Forgetting.nll_texts must be None or a mapping name -> texts or path, got {nll_texts!r}"
+        )
+    out = {}
+    for name, value in nll_texts.items():
+        if isinstance(value, (str, Path)):
+            path = Path(value)
+            if not path.is_file():
+                raise ValueError(f"Forgetting.nll_texts[{name!r}]: file {str(path)!r} does not exist")
+            texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        elif isinstance(value, Sequence) and all(isinstance(t, str) for t in value):
+            texts = list(value)
+        else:
+            raise ValueError(
+                f"Forgetting.nll_texts[{name!r}] must be a list of strings or a path to a .txt file, got {value!r}"
+            )
+        if not texts:
+            raise ValueError(f"Forgetting.nll_texts[{name!r}] holds no texts")
+        out[str(name)] = texts
+    return out
+
+
+class Forgetting(L.Callback):
+    """Retention sets scored before any update (step 0), every `every_n_steps` optimiser steps and
+    at the end of fit.
+
+    Logged per set: `forgetting/<set>/score` and `forgetting/<set>/delta`, and their mean
+    `forgetting/mean_delta` (over all sets, whatever their unit). A POSITIVE delta always means
+    MORE forgetting: for task sets the score is greedy accuracy and delta = start - now; for text
+    sets the score is the student's negative log-likelihood per token (nats) and
+    delta = now - start. The step-0 scores are kept in the callback's checkpoint state, so a
+    resumed run keeps measuring against the original student.
+
+    Args:
+        sets: verifier-scored tasks (registry names; default: the tiny world's prior abilities),
+            scored by greedy accuracy of the student alone.
+        num_examples: examples per task set (fixed rows, the same at every evaluation).
+        every_n_steps: evaluate every N optimiser steps (plus step 0 and the end).
+        nll_texts: optional text sets: a mapping name -> list of texts, or name -> path of a UTF-8
+            .txt file with one text per line (blank lines skipped). Read when the callback is built.
+        max_new_tokens: greedy completion budget for task sets.
+        batch_size: sequences per generation or forward pass.
+    """
+
+    def __init__(
+        self,
+        sets: Sequence[str] = ("addition", "reversal"),
+        num_examples: int = 100,
+        every_n_steps: int = 50,
+        nll_texts: Mapping[str, Sequence[str] | str] | None = None,
+        max_new_tokens: int = 32,
+        batch_size: int = 128,
+    ):
+        owner = "Forgetting"
+        self.sets = check_tasks(owner, "sets", list(sets)) if list(sets) else []
+        self.num_examples = check_int(owner, "num_examples", num_examples, 1)
+        self.every_n_steps = check_int(owner, "every_n_steps", every_n_steps, 1)
+        self.nll_texts = load_nll_texts(nll_texts)
+        self.max_new_tokens = check_int(owner, "max_new_tokens", max_new_tokens, 1)
+        self.batch_size = check_int(owner, "batch_size", batch_size, 1)
+        clash = sorted(set(self.sets) & set(self.nll_texts))
+        if clash:
+            raise ValueError(
+                f"Forgetting: names {clash} are in both sets and nll_texts; rename the text sets"
+            )
+        if not self.sets and not self.nll_texts:
+            raise ValueError("Forgetting: sets and nll_texts are both empty; give at least one retention set")
+        self.rows = {name: get_task(name).rows(num_examples, seed=ROWS_SEED) for name in self.sets}
+        self.baseline: dict[str, float] | None = None
+        self.latest: dict[str, float] = {}
+        self.last_step = -1
+
+    # --- hooks ------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._measure(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._measure(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._measure(trainer, pl_module)
+
+    def summary(self) -> dict[str, float]:
+        return dict(self.latest)
+
+    def state_dict(self) -> dict:
+        return {"baseline": self.baseline, "latest": self.latest, "last_step": self.last_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.baseline = state_dict["baseline"]
+        self.latest = dict(state_dict["latest"])
+        self.last_step = int(state_dict["last_step"])
+
+    # --- measurement ------------------------------------------------------------------------------
+    def _measure(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.last_step:
+            return  # already measured these weights (e.g. the last interval is the last step)
+        self.last_step = trainer.global_step
+        scores = self.scores(trainer, pl_module)
+        if self.baseline is None:
+            self.baseline = scores
+        metrics = {}
+        for name, score in scores.items():
+            start = self.baseline[name]
+            metrics[f"forgetting/{name}/score"] = score
+            metrics[f"forgetting/{name}/delta"] = score - start if name in self.nll_texts else start - score
+        deltas = [v for k, v in metrics.items() if k.endswith("/delta")]
+        metrics["forgetting/mean_delta"] = sum(deltas) / len(deltas)
+        self.latest = metrics
+        log_scalars(trainer, metrics)
+
+    def scores(self, trainer, pl_module) -> dict[str, float]:
+        """Current score of every set: greedy accuracy (task sets), NLL per token (text sets)."""
+        out = {}
+        sampler = RolloutSampler(
+            mix=0.0, max_new_tokens=self.max_new_tokens, temperature=0.0, vocab_size=pl_module.vocab_size
+        )
+        for name, rows in self.rows.items():
+            task = get_task(name)
+            texts = [
+                text
+                for rollout in student_rollouts(trainer, pl_module, rows, sampler, self.batch_size)
+                for text in rollout.completions(pl_module.tokenizer)
+            ]
+            out[name] = sum(task.score(t, r) for t, r in zip(texts, rows)) / len(rows)
+        for name, texts in self.nll_texts.items():
+            out[name] = self.nll_per_token(pl_module, texts)
+        return out
+
+    def nll_per_token(self, pl_module, texts: list[str]) -> float:
+        """Mean negative log-likelihood (nats) of the texts' tokens under the student, each token
+        predicted from the tokens before it (the first token of each text is context only)."""
+        tokenizer, total, count = pl_module.tokenizer, 0.0, 0
+        for start in range(0, len(texts), self.batch_size):
+            enc = tokenizer(
+                texts[start : start + self.batch_size], return_tensors="pt", padding=True, truncation=True
+            )
+            ids, attn = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
+            logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size)
+            nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
+            # A target counts when it and its context token are real (either padding side).
+            mask = attn[:, 1:].bool() & attn[:, :-1].bool()
+            total += float(nll[mask].sum())
+            count += int(mask.sum())
+        if count == 0:
+            raise ValueError(
+                "Forgetting: the NLL texts tokenise to no predictable tokens (each needs >= 2 tokens)"
+            )
+        return total / count

@@ -1,0 +1,77 @@
+"""What the measurement callbacks do with the student: roll it out on task rows, and run one
+forward pass for its next-token logits. Works with any LightningModule holding `student`,
+`tokenizer` and `vocab_size` (and optionally `teacher`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from distill.data.module import PromptCollator
+from distill.rollout import RolloutBatch, RolloutSampler
+from distill.rollout.decoding import eval_no_grad
+
+
+def prompt_collator(trainer, pl_module):
+    """The datamodule's collator (so chat templates apply as in training), else plain prompts."""
+    datamodule = getattr(trainer, "datamodule", None)
+    collate = getattr(datamodule, "collate", None)
+    return collate if collate is not None else PromptCollator(pl_module.tokenizer, chat_template=False)
+
+
+def datamodule_option(trainer, name: str, default):
+    """A datamodule hyper-parameter (e.g. `eval_max_new_tokens`), or `default` without one."""
+    hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None)
+    return getattr(hparams, name, default) if hparams is not None else default
+
+
+def student_rollouts(
+    trainer,
+    pl_module,
+    rows: list[dict],
+    sampler: RolloutSampler,
+    batch_size: int,
+    seed: int | None = None,
+) -> list[RolloutBatch]:
+    """Roll out the student alone on `rows` (`sampler.mix` must be 0), `batch_size` rows at a time.
+
+    With a `seed`, each row's sample depends only on (seed, its prompt, how many identical prompts
+    precede it in its batch, the settings), so repeated evaluations draw the same random numbers.
+    """
+    if sampler.mix != 0:
+        raise ValueError(f"student_rollouts needs a sampler with mix=0, got mix={sampler.mix}")
+    collate = prompt_collator(trainer, pl_module)
+    student = pl_module.student
+    # With mix=0 the teacher writes nothing; the sampler only reads its special ids and logit width.
+    teacher = getattr(pl_module, "teacher", None) or student
+    out = []
+    for start in range(0, len(rows), batch_size):
+        enc = collate(rows[start : start + batch_size])
+        ids, mask = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
+        out.append(sampler.sample(student, teacher, ids, mask, seed=seed))
+    return out
+
+
+def next_token_logits(model, input_ids: Tensor, attention_mask: Tensor, vocab_size: int) -> Tensor:
+    """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1, in eval mode without gradients
+    (positions counted from each row's first real token, as in training)."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    with eval_no_grad(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    return logits[:, :-1, :vocab_size]
+
+
+def log_scalars(trainer, metrics: dict[str, float], step: int | None = None) -> None:
+    """Write scalars to every logger at `step` (default: the global step) and into
+    `trainer.callback_metrics`.
+
+    Used from hooks where `LightningModule.log` is refused (`on_train_start`, `on_train_end`) and
+    from training hooks, where `log` would only reach the logger on `log_every_n_steps` boundaries
+    and so could drop a measurement taken every N steps.
+    """
+    if not metrics:
+        return
+    step = trainer.global_step if step is None else step
+    for logger in trainer.loggers:
+        logger.log_metrics(dict(metrics), step=step)
+    trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})

@@ -1,0 +1,127 @@
+"""`GradientStats`: how hard the divergence pulls on the student's logits, token by token."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from distill.callbacks.generation import log_scalars
+from distill.callbacks.options import check_int
+
+SPLITS = ("", "_teacher_tokens", "_student_tokens")
+
+
+class GradientStats(L.Callback):
+    """Per optimiser step, the mean over completion tokens of ‖∂ℓ_t/∂z_t‖², where z_t are the
+    student's logits at position t and ℓ_t the token-level divergence there.
+
+    The module's loss is L = Σ_t ℓ_t / num_items (num_items: completion tokens in the step), so the
+    hook's dL/dz_t is multiplied by num_items to give ∂ℓ_t/∂z_t (for forward KL at temperature 1
+    that is p_S - p_T). Logged: `grad/logit_sq_norm` (all completion tokens),
+    `grad/logit_sq_norm_teacher_tokens` and `grad/logit_sq_norm_student_tokens` (tokens the teacher
+    / the student wrote; a split with no tokens in the step is not logged) and `grad/param_norm`
+    (the student's parameter-gradient norm before clipping). Micro-batches of one step are
+    accumulated into one value. Gradients are taken over the real vocabulary (the logits the
+    divergence sees).
+
+    `summary()` gives run means: token-weighted over all measured steps for the logit norms, the
+    mean over measured steps for `grad/param_norm`.
+
+    Args:
+        every_n_steps: measure every N optimiser steps (the hook is idle on other steps).
+    """
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = check_int("GradientStats", "every_n_steps", every_n_steps, 1)
+        self.active = False
+        self._reset_step()
+        # Run totals: squared-norm sums and token counts per split, and param-norm sum and count.
+        self.totals = {"sq": [0.0, 0.0, 0.0], "count": [0, 0, 0], "param_norm": 0.0, "steps": 0}
+
+    def _reset_step(self) -> None:
+        self.step_sq: Tensor | None = None  # [3] sums of squared norms (all, teacher, student)
+        self.step_count: Tensor | None = None  # [3] token counts
+
+    # --- the module's logit-gradient sink ---------------------------------------------------------
+    def record(self, grad: Tensor, completion_mask: Tensor, teacher_token_mask: Tensor, num_items) -> None:
+        """Receive dL/dz `[b, T-1, V]` of one micro-batch, with its masks `[b, T-1]` (already aligned
+        with the logits) and the step's `num_items`."""
+        if not self.active:
+            return
+        sq = self.token_sq_norms(grad, num_items)
+        comp = completion_mask.bool()
+        teacher = comp & teacher_token_mask.bool()
+        masks = torch.stack([comp, teacher, comp & ~teacher])  # [3, b, T-1]
+        sums = (sq.unsqueeze(0) * masks).flatten(1).sum(-1)
+        counts = masks.flatten(1).sum(-1)
+        # Kept as device tensors: no host sync per micro-batch.
+        self.step_sq = sums if self.step_sq is None else self.step_sq + sums
+        self.step_count = counts if self.step_count is None else self.step_count + counts
+
+    @staticmethod
+    def token_sq_norms(grad: Tensor, num_items) -> Tensor:
+        """‖∂ℓ_t/∂z_t‖² per position `[b, T-1]` from dL/dz with L = Σ ℓ_t / num_items."""
+        scale = num_items.float() if isinstance(num_items, Tensor) else float(num_items)
+        return (grad.float() * scale).square().sum(-1)
+
+    # --- hooks ------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not hasattr(pl_module, "logit_grad_sink"):
+            raise TypeError(
+                f"GradientStats needs a LightningModule with a `logit_grad_sink` attribute; "
+                f"{type(pl_module).__name__} has none"
+            )
+        pl_module.logit_grad_sink = self
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # global_step counts finished optimiser steps: this batch ends step global_step + 1.
+        self.active = (trainer.global_step + 1) % self.every_n_steps == 0
+        self._reset_step()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.active:
+            return
+        self.active = False
+        metrics = {}
+        if self.step_sq is not None:
+            sq, count = self.step_sq.tolist(), self.step_count.tolist()
+            for i, suffix in enumerate(SPLITS):
+                if count[i] > 0:
+                    metrics[f"grad/logit_sq_norm{suffix}"] = sq[i] / count[i]
+                    self.totals["sq"][i] += sq[i]
+                    self.totals["count"][i] += int(count[i])
+        if isinstance(outputs, dict) and "grad_norm" in outputs:
+            metrics["grad/param_norm"] = float(outputs["grad_norm"])
+            self.totals["param_norm"] += metrics["grad/param_norm"]
+            self.totals["steps"] += 1
+        self._reset_step()
+        log_scalars(trainer, metrics)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._detach(pl_module)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._detach(pl_module)
+
+    def _detach(self, pl_module) -> None:
+        if getattr(pl_module, "logit_grad_sink", None) is self:
+            pl_module.logit_grad_sink = None
+        self.active = False
+
+    def summary(self) -> dict[str, float]:
+        t = self.totals
+        out = {
+            f"grad/logit_sq_norm{s}": t["sq"][i] / t["count"][i]
+            for i, s in enumerate(SPLITS)
+            if t["count"][i]
+        }
+        if t["steps"]:
+            out["grad/param_norm"] = t["param_norm"] / t["steps"]
+        return out
+
+    def state_dict(self) -> dict:
+        return {"totals": self.totals}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.totals = {k: list(v) if isinstance(v, list) else v for k, v in state_dict["totals"].items()}

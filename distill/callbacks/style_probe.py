@@ -1,0 +1,137 @@
+"""`StyleProbe`: how much of the teacher's style the student's greedy outputs carry."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable
+
+import lightning as L
+
+from distill.callbacks.generation import datamodule_option, log_scalars, student_rollouts
+from distill.callbacks.options import check_int, check_optional_int, check_tasks
+from distill.rollout import RolloutSampler
+from distill.tasks.countdown import STYLE_PATTERN
+from distill.tasks.registry import get_task
+
+ROWS_SEED = 4243  # probe prompts: fixed, so every evaluation reads the same problems
+
+
+def style_share(texts: Iterable[str], detector: Callable[[str], bool]) -> float:
+    """Fraction of `texts` for which `detector` is true (0.0 for no texts)."""
+    flags = [bool(detector(t)) for t in texts]
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def import_callable(path: str) -> Callable[[str], bool]:
+    """`package.module.name` -> that callable."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        raise ValueError(
+            f"StyleProbe.detector must be a dotted import path like 'pkg.module.func', got {path!r}"
+        )
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"StyleProbe.detector {path!r} cannot be imported: {err}") from None
+    if not callable(found):
+        raise ValueError(f"StyleProbe.detector {path!r} is not callable")
+    return found
+
+
+class StyleProbe(L.Callback):
+    """Share of the student's greedy completions that show the teacher's style, logged as
+    `style/teacher_style_share` before any update, every `every_n_steps` optimiser steps and at the
+    end of fit. `summary()` gives the final share and the step-0 one
+    (`style/teacher_style_share_start`).
+
+    Args:
+        pattern: a regular expression searched in each completion (default: Countdown's teacher
+            connectives, `distill.tasks.countdown.STYLE_PATTERN`), or, from Python, a callable
+            (str) -> bool.
+        detector: dotted import path of a callable (str) -> bool (e.g. `mypkg.style.is_teacher`);
+            when given it replaces `pattern` (the way to pass a function from YAML).
+        task: task whose prompts are used (registry name).
+        num_prompts: prompts (fixed rows, the same at every evaluation).
+        every_n_steps: evaluate every N optimiser steps (plus step 0 and the end).
+        max_new_tokens: greedy completion budget; None: the datamodule's `eval_max_new_tokens`
+            (else 128).
+        batch_size: prompts per generation call.
+    """
+
+    def __init__(
+        self,
+        pattern: str | Callable[[str], bool] = STYLE_PATTERN,
+        detector: str | None = None,
+        task: str = "countdown3",
+        num_prompts: int = 100,
+        every_n_steps: int = 50,
+        max_new_tokens: int | None = None,
+        batch_size: int = 128,
+    ):
+        owner = "StyleProbe"
+        if detector is not None:
+            self.detector = import_callable(detector)
+        elif isinstance(pattern, str):
+            try:
+                regex = re.compile(pattern)
+            except re.error as err:
+                raise ValueError(
+                    f"{owner}.pattern {pattern!r} is not a valid regular expression: {err}"
+                ) from None
+            self.detector = lambda text: regex.search(text) is not None
+        elif callable(pattern):
+            self.detector = pattern
+        else:
+            raise ValueError(
+                f"{owner}.pattern must be a regex string or a callable (str) -> bool, got {pattern!r}"
+            )
+        self.task = check_tasks(owner, "task", [task])[0]
+        self.num_prompts = check_int(owner, "num_prompts", num_prompts, 1)
+        self.every_n_steps = check_int(owner, "every_n_steps", every_n_steps, 1)
+        self.max_new_tokens = check_optional_int(owner, "max_new_tokens", max_new_tokens, 1)
+        self.batch_size = check_int(owner, "batch_size", batch_size, 1)
+        self.rows = get_task(self.task).rows(num_prompts, seed=ROWS_SEED)
+        self.start: float | None = None
+        self.latest: float | None = None
+        self.last_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._measure(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._measure(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._measure(trainer, pl_module)
+
+    def share(self, trainer, pl_module) -> float:
+        """The current share over the probe's prompts."""
+        budget = self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128)
+        sampler = RolloutSampler(
+            mix=0.0, max_new_tokens=budget, temperature=0.0, vocab_size=pl_module.vocab_size
+        )
+        rollouts = student_rollouts(trainer, pl_module, self.rows, sampler, self.batch_size)
+        return style_share((t for r in rollouts for t in r.completions(pl_module.tokenizer)), self.detector)
+
+    def _measure(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.last_step:
+            return
+        self.last_step = trainer.global_step
+        self.latest = self.share(trainer, pl_module)
+        if self.start is None:
+            self.start = self.latest
+        log_scalars(trainer, {"style/teacher_style_share": self.latest})
+
+    def summary(self) -> dict[str, float]:
+        if self.latest is None:
+            return {}
+        return {"style/teacher_style_share": self.latest, "style/teacher_style_share_start": self.start}
+
+    def state_dict(self) -> dict:
+        return {"start": self.start, "latest": self.latest, "last_step": self.last_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.start, self.latest = state_dict["start"], state_dict["latest"]
+        self.last_step = int(state_dict["last_step"])

@@ -1,0 +1,166 @@
+"""`TaskEvaluation`: coverage of the student's sampled answers (pass@k, distinct correct answers)
+and its entropy along them, on the validation and test tasks."""
+
+from __future__ import annotations
+
+import hashlib
+
+import lightning as L
+
+from distill.callbacks.generation import datamodule_option, next_token_logits, student_rollouts
+from distill.callbacks.options import check_float, check_int, check_optional_int, check_tasks
+from distill.metrics.entropy import masked_sum_count, token_entropy
+from distill.metrics.sampled_coverage import coverage_metrics
+from distill.rollout import RolloutSampler
+from distill.tasks.registry import get_task
+
+LOGIT_BUDGET = 1 << 26  # logit entries per entropy forward pass
+
+
+def _seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
+
+
+class TaskEvaluation(L.Callback):
+    """Sample `num_samples` completions per problem from the student alone and measure coverage.
+
+    For each task and split, logs `<split>/<task>/pass@<k>` (mean over problems of the unbiased
+    pass@k estimator, Chen et al. 2021), `<split>/<task>/distinct_correct` (mean number of distinct
+    correct answers per problem, answers as the task extracts them) and
+    `<split>/<task>/sample_entropy` (mean over the sampled completion tokens of the entropy, in
+    nats, of the student's untempered next-token distribution; one extra student forward pass).
+    Greedy accuracy is logged by the LightningModule itself (`<split>/<task>/accuracy`).
+    Sampling uses a fixed seed, so successive evaluations of one student draw the same random
+    numbers and differ only through the weights.
+
+    Args:
+        tasks: tasks to evaluate (registry names); None: the datamodule's `val_tasks` at
+            validation and its `test_tasks` at test.
+        num_problems: problems per task: the first ones of the datamodule's split for that task
+            (the ones greedy accuracy uses), or generated from a fixed seed for a task the
+            datamodule does not evaluate.
+        num_samples: samples n per problem (>= every k).
+        ks: the k of each pass@k, each in [1, num_samples].
+        temperature: sampling temperature (> 0; no top-k/top-p filtering).
+        max_new_tokens: completion budget; None: the datamodule's `eval_max_new_tokens` (else 128).
+        every_n_validations: evaluate at every N-th validation run of fit (sanity checks skipped).
+        on_test: also evaluate at the end of `trainer.test`.
+        batch_size: sequences per sampling call; None: the datamodule's `eval_batch_size` (else 256).
+        seed: sampling seed.
+
+    `summary()` returns the latest values of every key (the test values once test has run).
+    """
+
+    def __init__(
+        self,
+        tasks: list[str] | None = None,
+        num_problems: int = 100,
+        num_samples: int = 8,
+        ks: tuple[int, ...] = (1, 4, 8),
+        temperature: float = 1.0,
+        max_new_tokens: int | None = None,
+        every_n_validations: int = 1,
+        on_test: bool = True,
+        batch_size: int | None = None,
+        seed: int = 0,
+    ):
+        owner = "TaskEvaluation"
+        self.tasks = check_tasks(owner, "tasks", tasks)
+        self.num_problems = check_int(owner, "num_problems", num_problems, 1)
+        self.num_samples = check_int(owner, "num_samples", num_samples, 1)
+        ks = tuple(ks)
+        if not ks or any(
+            isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_samples for k in ks
+        ):
+            raise ValueError(
+                f"{owner}.ks must be a non-empty list of integers in [1, num_samples={num_samples}], got {list(ks)}"
+            )
+        self.ks = tuple(sorted(set(ks)))
+        self.temperature = check_float(owner, "temperature", temperature)
+        if self.temperature == 0:
+            raise ValueError(
+                f"{owner}.temperature must be > 0 (coverage needs sampling), got {temperature!r}"
+            )
+        self.max_new_tokens = check_optional_int(owner, "max_new_tokens", max_new_tokens, 1)
+        self.every_n_validations = check_int(owner, "every_n_validations", every_n_validations, 1)
+        self.on_test = bool(on_test)
+        self.batch_size = check_optional_int(owner, "batch_size", batch_size, 1)
+        self.seed = check_int(owner, "seed", seed, 0)
+        self.validations = 0
+        self.latest: dict[str, float] = {}
+
+    # --- hooks ------------------------------------------------------------------------------------
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self.validations += 1
+        if (self.validations - 1) % self.every_n_validations == 0:
+            self._run(trainer, pl_module, "val")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.on_test:
+            self._run(trainer, pl_module, "test")
+
+    def summary(self) -> dict[str, float]:
+        return dict(self.latest)
+
+    def state_dict(self) -> dict:
+        return {"validations": self.validations}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.validations = int(state_dict["validations"])
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def _problems(self, trainer, split: str) -> list[tuple[str, list[dict]]]:
+        datamodule = getattr(trainer, "datamodule", None)
+        dm_tasks = [t.name for t in getattr(datamodule, f"{split}_tasks", [])]
+        dm_sets = getattr(datamodule, f"{split}_sets", None) or []
+        out = []
+        for name in self.tasks if self.tasks is not None else dm_tasks:
+            if name in dm_tasks and dm_tasks.index(name) < len(dm_sets):
+                dataset = dm_sets[dm_tasks.index(name)]
+                rows = [dataset[i] for i in range(min(self.num_problems, len(dataset)))]
+            else:
+                rows = get_task(name).rows(self.num_problems, seed=_seed("task_evaluation", split))
+            if rows:
+                out.append((name, rows))
+        return out
+
+    def _run(self, trainer, pl_module, split: str) -> None:
+        sampler = RolloutSampler(
+            mix=0.0,
+            max_new_tokens=self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128),
+            temperature=self.temperature,
+            vocab_size=pl_module.vocab_size,
+        )
+        batch_size = self.batch_size or datamodule_option(trainer, "eval_batch_size", 256)
+        for name, rows in self._problems(trainer, split):
+            values = self.evaluate(trainer, pl_module, get_task(name), rows, sampler, batch_size)
+            for key, value in values.items():
+                metric = f"{split}/{name}/{key}"
+                pl_module.log(metric, value, add_dataloader_idx=False, batch_size=len(rows))
+                self.latest[metric] = value
+
+    def evaluate(self, trainer, pl_module, task, rows, sampler, batch_size) -> dict[str, float]:
+        """Coverage and sample entropy of one task's problems (`rows`)."""
+        n = self.num_samples
+        repeated = [row for row in rows for _ in range(n)]  # a problem's samples are adjacent
+        correct: list[bool] = []
+        answers: list[str | None] = []
+        entropy_sum, entropy_count = 0.0, 0
+        for rollout in student_rollouts(trainer, pl_module, repeated, sampler, batch_size, seed=self.seed):
+            first = len(correct)
+            for text, row in zip(rollout.completions(pl_module.tokenizer), repeated[first:]):
+                correct.append(task.score(text, row) > 0)
+                answers.append(task.answer(text))
+            # Rows per forward pass bounded so the float32 logits stay under ~256 MB.
+            step = max(1, LOGIT_BUDGET // (rollout.input_ids.shape[1] * pl_module.vocab_size))
+            for r in range(0, rollout.batch_size, step):
+                ids, attn = rollout.input_ids[r : r + step], rollout.attention_mask[r : r + step]
+                logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size)
+                s, c = masked_sum_count(token_entropy(logits), rollout.completion_mask[r : r + step, 1:])
+                entropy_sum, entropy_count = entropy_sum + s, entropy_count + c
+        by_problem = [slice(i, i + n) for i in range(0, len(correct), n)]
+        values = coverage_metrics([correct[s] for s in by_problem], [answers[s] for s in by_problem], self.ks)
+        values["sample_entropy"] = entropy_sum / entropy_count if entropy_count else 0.0
+        return values
