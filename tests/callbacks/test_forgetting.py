@@ -1,0 +1,120 @@
+"""Forgetting: a tiny student taught a retention set and then trained on something else forgets it,
+and the callback's delta says so; NLL text sets; the step-0 baseline survives resuming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distill.callbacks import Forgetting
+
+
+def lm_steps(model, tokenizer, texts: list[str], steps: int, lr: float) -> None:
+    """Plain next-token training on `texts` (each ends with EOS)."""
+    enc = tokenizer([t + tokenizer.eos_token for t in texts], return_tensors="pt", padding=True)
+    ids, attn = enc["input_ids"], enc["attention_mask"]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1]
+        mask = attn[:, 1:].bool() & attn[:, :-1].bool()
+        loss = F.cross_entropy(logits[mask], ids[:, 1:][mask])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def test_delta_rises_when_the_student_is_trained_away(tiny_student, fake_trainer, fake_module, char_tok):
+    cb = Forgetting(sets=["reversal"], num_examples=4, every_n_steps=5, max_new_tokens=12)
+    module, trainer = fake_module(tiny_student), fake_trainer()
+    rows = cb.rows["reversal"]
+    # Teach the retention set (memorise its 4 examples) until the student scores on it.
+    torch.manual_seed(0)
+    lm_steps(tiny_student, char_tok, [r["prompt"] + r["reference"] for r in rows], steps=150, lr=1e-2)
+    cb.on_train_start(trainer, module)
+    start = cb.latest["forgetting/reversal/score"]
+    assert start > 0.5
+    assert cb.latest["forgetting/reversal/delta"] == 0.0
+    # Train on other text (same prompts, wrong completions): the retention score must fall.
+    lm_steps(tiny_student, char_tok, [r["prompt"] + "zzzz" for r in rows], steps=60, lr=1e-2)
+    trainer.global_step = 5
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    score, delta = cb.latest["forgetting/reversal/score"], cb.latest["forgetting/reversal/delta"]
+    assert score < start
+    assert delta == pytest.approx(start - score) and delta > 0
+    assert cb.latest["forgetting/mean_delta"] == pytest.approx(delta)
+    logged = trainer.loggers[0].calls
+    assert [step for step, _ in logged] == [0, 5]
+    assert float(trainer.callback_metrics["forgetting/reversal/delta"]) == pytest.approx(delta)
+
+
+def test_nll_set_matches_direct_computation_and_positive_delta_means_forgetting(
+    tiny_student, fake_trainer, fake_module, char_tok, tmp_path
+):
+    texts = ["hello world", "ab", "a much longer line of text"]
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(texts) + "\n\n")
+    cb = Forgetting(sets=[], nll_texts={"file": str(path), "inline": texts[:1]}, batch_size=2)
+    assert cb.nll_texts["file"] == texts  # blank lines skipped
+    module = fake_module(tiny_student)
+    total = count = 0.0
+    for text in texts:  # one unpadded text at a time, independent of the callback's batching
+        ids = char_tok(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = tiny_student(input_ids=ids).logits[0, :-1, : len(char_tok)]
+        total += float(F.cross_entropy(logits.double(), ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    assert cb.nll_per_token(module, texts) == pytest.approx(total / count, rel=1e-5)
+
+    trainer = fake_trainer()
+    cb.on_train_start(trainer, module)
+    with torch.no_grad():  # make the student worse at predicting: NLL up, delta positive
+        for p in tiny_student.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    trainer.global_step = 3
+    cb.on_train_end(trainer, module)
+    assert cb.latest["forgetting/file/score"] > cb.baseline["file"]
+    assert cb.latest["forgetting/file/delta"] == pytest.approx(
+        cb.latest["forgetting/file/score"] - cb.baseline["file"]
+    )
+    assert cb.latest["forgetting/file/delta"] > 0
+
+
+def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
+    cb = Forgetting(sets=[], nll_texts={"t": ["hello world"]})
+    module, trainer = fake_module(tiny_student), fake_trainer()
+    cb.on_train_start(trainer, module)
+    state = cb.state_dict()
+    with torch.no_grad():
+        for p in tiny_student.parameters():
+            p.mul_(1.5)
+    resumed = Forgetting(sets=[], nll_texts={"t": ["hello world"]})
+    resumed.load_state_dict(state)
+    trainer.global_step = 10
+    resumed.on_train_start(trainer, module)  # a resumed fit starts again: baseline is kept
+    assert resumed.baseline == cb.baseline
+    assert resumed.latest["forgetting/t/delta"] == pytest.approx(
+        resumed.latest["forgetting/t/score"] - cb.baseline["t"]
+    )
+    assert resumed.latest["forgetting/t/delta"] != 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sets": ["nope"]}, r"Forgetting.sets has unknown task\(s\) \['nope'\]"),
+        ({"sets": [], "nll_texts": None}, "sets and nll_texts are both empty"),
+        (
+            {"nll_texts": {"x": "/no/such/file.txt"}},
+            r"nll_texts\['x'\]: file '/no/such/file.txt' does not exist",
+        ),
+        ({"nll_texts": {"addition": ["a b"]}}, r"names \['addition'\] are in both"),
+        ({"every_n_steps": 0}, "Forgetting.every_n_steps must be an integer >= 1, got 0"),
+    ],
+)
+def test_options_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Forgetting(**kwargs)
