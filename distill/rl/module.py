@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -51,7 +52,25 @@ from distill.rl.objective import (
     kl_penalty,
     token_logprobs,
 )
+from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
+
+
+@dataclass
+class GRPOBatch:
+    """One rollout batch prepared for the passes: rewards, advantages (`[B]`), the completion mask
+    and tokens' log-probs (`[B, T-1]`) under the sampling policy and the reference (filled by the
+    first pass), and the step's completion-token count."""
+
+    rollout: RolloutBatch
+    rewards: torch.Tensor
+    texts: list[str]
+    advantages: torch.Tensor
+    zero_signal: torch.Tensor
+    mask: torch.Tensor
+    num_items: torch.Tensor
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
 
 
 def _default_optimizer(params):
@@ -227,75 +246,101 @@ class GRPOModule(L.LightningModule):
         scores = [task.score(text, row) for text, row in zip(texts, batch["rows"])]
         return torch.tensor(scores, dtype=torch.float32, device=batch["rollout"].input_ids.device), texts
 
+    def prepare(self, batch: dict) -> GRPOBatch:
+        """Rewards, advantages and masks of a rollout batch (log-prob buffers still empty)."""
+        rollout = batch["rollout"]
+        rewards, texts = self.rewards(batch)
+        advantages, zero_signal = group_advantages(
+            rewards,
+            int(batch.get("group_size", 1)),
+            self.hparams.scale_rewards,
+            self.hparams.advantage_epsilon,
+        )
+        mask = rollout.completion_mask[:, 1:]
+        return GRPOBatch(
+            rollout=rollout,
+            rewards=rewards,
+            texts=texts,
+            advantages=advantages,
+            zero_signal=zero_signal,
+            mask=mask,
+            num_items=step_token_count([mask]),
+            old_logp=torch.zeros(mask.shape, device=mask.device),
+            ref_logp=torch.zeros(mask.shape, device=mask.device),
+        )
+
+    def accumulate_gradients(self, step: GRPOBatch, first: bool) -> dict[str, float]:
+        """One pass of backward over `step` in micro-batches, each token's loss divided by the
+        completion tokens of the whole step. The first pass (`first`) runs with the sampling
+        policy's parameters, before any optimiser step: it stores its detached log-probs as the old
+        log-probs of later passes (saving a no-grad forward) and the reference's log-probs. Returns
+        token sums (`loss`: the pass's loss, already normalised) and wall seconds per phase."""
+        ids, attn = step.rollout.input_ids, step.rollout.attention_mask
+        tokens, mask, num_items = ids[:, 1:], step.mask, step.num_items
+        denom = num_items.clamp(min=1).float()
+        backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
+        size = self.hparams.micro_batch_size or ids.shape[0]
+        sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
+        for start in range(0, ids.shape[0], size):
+            rows = slice(start, start + size)
+            m = mask[rows].float()
+            t0 = time.perf_counter()
+            if first and self.reference is not None:
+                with torch.no_grad():
+                    ref_logits = self._logits(self.reference, ids[rows], attn[rows])
+                    step.ref_logp[rows] = token_logprobs(ref_logits, tokens[rows], self.temperature)
+            t1 = time.perf_counter()
+            logits = self._logits(self.student, ids[rows], attn[rows])
+            if self.logit_grad_sink is not None:
+                logits.register_hook(
+                    partial(
+                        self.logit_grad_sink.record,
+                        completion_mask=mask[rows],
+                        teacher_token_mask=torch.zeros_like(mask[rows]),
+                        num_items=num_items,
+                    )
+                )
+            logp = token_logprobs(logits, tokens[rows], self.temperature)
+            if first:
+                step.old_logp[rows] = logp.detach()
+                if self.reference is not None:
+                    stats = token_statistics(logits.detach(), ref_logits, temperature=self.temperature)
+                    sums["kl_to_start"] += float((stats["reverse_kl"] * m).sum())
+                    del ref_logits, stats
+            per_token, cut = clipped_surrogate(
+                logp, step.old_logp[rows], step.advantages[rows], self.clip_low, self.clip_high
+            )
+            if self.hparams.kl_coef > 0:
+                kl = kl_penalty(logp, step.ref_logp[rows], self.hparams.kl_estimator)
+                per_token = per_token + self.hparams.kl_coef * kl
+                sums["kl_penalty"] += float((kl.detach() * m).sum())
+            loss = (per_token * m).sum() / denom
+            backward(loss)
+            sums["loss"] += float(loss.detach())
+            sums["clipped"] += float((cut.float() * m).sum())
+            sums["reference_s"] += t1 - t0
+            sums["policy_s"] += time.perf_counter() - t1
+            del logits, logp, per_token, loss
+        return sums
+
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         """`num_iterations` optimiser steps on one rollout batch. Returns what measurement callbacks
         read in `on_train_batch_end` (see the module docstring): the mean loss over passes, the
         rollout, the step's completion-token count, the last pass's gradient norm, wall seconds per
         phase and the tokens each model processed."""
-        rollout = batch["rollout"]
-        group_size = int(batch.get("group_size", 1))
-        rewards, texts = self.rewards(batch)
-        advantages, zero_signal = group_advantages(
-            rewards, group_size, self.hparams.scale_rewards, self.hparams.advantage_epsilon
-        )
-        ids, attn = rollout.input_ids, rollout.attention_mask
-        mask, tokens = rollout.completion_mask[:, 1:], ids[:, 1:]
-        num_items = step_token_count([mask])
-        denom = num_items.clamp(min=1).float()
-        size = self.hparams.micro_batch_size or ids.shape[0]
-        micro = [slice(s, s + size) for s in range(0, ids.shape[0], size)]
+        step = self.prepare(batch)
         passes = self.hparams.num_iterations
-        if self.trainer.max_steps > 0:  # never step past max_steps (it counts optimiser steps)
+        if self.trainer.max_steps > 0:  # max_steps counts optimiser steps: never step past it
             passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         timings = {"reference_forward": 0.0, "student_forward_backward": 0.0}
-        # Pass 1 runs before any step, with the sampling policy's parameters: its detached
-        # log-probs are the old log-probs of every later pass (this saves a no-grad forward).
-        old_logp = torch.zeros(mask.shape, device=ids.device)
-        ref_logp = torch.zeros(mask.shape, device=ids.device)
-        sums = {"loss": 0.0, "clipped": 0.0, "kl_to_start": 0.0, "kl_penalty": 0.0}
+        totals: dict[str, float] = {}
+        first_pass: dict[str, float] = {}
         grad_norm = torch.zeros(())
         for p in range(passes):
-            for rows in micro:
-                m = mask[rows].float()
-                if p == 0 and self.reference is not None:
-                    t0 = time.perf_counter()
-                    with torch.no_grad():
-                        ref_logits = self._logits(self.reference, ids[rows], attn[rows])
-                        ref_logp[rows] = token_logprobs(ref_logits, tokens[rows], self.temperature)
-                    timings["reference_forward"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                logits = self._logits(self.student, ids[rows], attn[rows])
-                if self.logit_grad_sink is not None:
-                    logits.register_hook(
-                        partial(
-                            self.logit_grad_sink.record,
-                            completion_mask=mask[rows],
-                            teacher_token_mask=torch.zeros_like(mask[rows]),
-                            num_items=num_items,
-                        )
-                    )
-                logp = token_logprobs(logits, tokens[rows], self.temperature)
-                if p == 0:
-                    old_logp[rows] = logp.detach()
-                    if self.reference is not None:
-                        stats = token_statistics(logits.detach(), ref_logits, temperature=self.temperature)
-                        sums["kl_to_start"] += float((stats["reverse_kl"] * m).sum())
-                        del ref_logits, stats
-                per_token, cut = clipped_surrogate(
-                    logp, old_logp[rows], advantages[rows], self.clip_low, self.clip_high
-                )
-                if self.hparams.kl_coef > 0:
-                    kl = kl_penalty(logp, ref_logp[rows], self.hparams.kl_estimator)
-                    per_token = per_token + self.hparams.kl_coef * kl
-                    if p == 0:
-                        sums["kl_penalty"] += float((kl.detach() * m).sum())
-                loss = (per_token * m).sum() / denom
-                self.manual_backward(loss)
-                timings["student_forward_backward"] += time.perf_counter() - t0
-                sums["loss"] += float(loss.detach())
-                sums["clipped"] += float((cut.float() * m).sum())
-                del logits, logp, per_token, loss
+            sums = self.accumulate_gradients(step, first=p == 0)
+            first_pass = first_pass or sums
+            totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
             t0 = time.perf_counter()
             clip = self.hparams.gradient_clip_val
             grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
@@ -304,12 +349,22 @@ class GRPOModule(L.LightningModule):
             if scheduler is not None:
                 scheduler.step()
             timings["student_forward_backward"] += time.perf_counter() - t0
-        self._log_step(batch, rewards, zero_signal, sums, float(denom), passes, grad_norm, optimizer, texts)
-        real_tokens = int(attn.sum())
+        timings["reference_forward"] += totals["reference_s"]
+        timings["student_forward_backward"] += totals["policy_s"]
+        tokens = float(step.num_items.clamp(min=1))
+        logged = {
+            "loss": totals["loss"] / passes,
+            "clip_fraction": totals["clipped"] / (tokens * passes),
+            # Both KL figures are the sampling policy's (first pass), per completion token.
+            "kl_to_start": first_pass["kl_to_start"] / tokens,
+            "kl_penalty": first_pass["kl_penalty"] / tokens,
+        }
+        self._log_step(step, logged, passes, grad_norm, optimizer)
+        real_tokens = int(step.rollout.attention_mask.sum())
         return {
-            "loss": torch.tensor(sums["loss"] / passes),
-            "rollout": rollout,
-            "num_items": int(num_items),
+            "loss": torch.tensor(logged["loss"]),
+            "rollout": step.rollout,
+            "num_items": int(step.num_items),
             "grad_norm": float(grad_norm),
             "timings": timings,
             # The policy reads every real token once per pass; the reference once per batch.
@@ -320,31 +375,29 @@ class GRPOModule(L.LightningModule):
             },
         }
 
-    def _log_step(self, batch, rewards, zero_signal, sums, tokens, passes, grad_norm, optimizer, texts):
-        rollout = batch["rollout"]
-        n = len(rewards)
-        self.log("train/loss", sums["loss"] / passes, prog_bar=True, batch_size=n)
-        self.log("train/reward_mean", rewards.mean(), prog_bar=True, batch_size=n)
-        self.log("train/reward_std", rewards.std(correction=0), batch_size=n)
-        self.log("train/zero_signal_groups", zero_signal.float().mean(), batch_size=n)
-        self.log("train/clip_fraction", sums["clipped"] / (tokens * passes), batch_size=n)
+    def _log_step(self, step: GRPOBatch, logged: dict, passes: int, grad_norm, optimizer) -> None:
+        n = len(step.rewards)
+        self.log("train/loss", logged["loss"], prog_bar=True, batch_size=n)
+        self.log("train/reward_mean", step.rewards.mean(), prog_bar=True, batch_size=n)
+        self.log("train/reward_std", step.rewards.std(correction=0), batch_size=n)
+        self.log("train/zero_signal_groups", step.zero_signal.float().mean(), batch_size=n)
+        self.log("train/clip_fraction", logged["clip_fraction"], batch_size=n)
         if self.reference is not None:
-            self.log("train/kl_to_start", sums["kl_to_start"] / tokens, prog_bar=True, batch_size=n)
+            self.log("train/kl_to_start", logged["kl_to_start"], prog_bar=True, batch_size=n)
         if self.hparams.kl_coef > 0:
-            self.log("train/kl_penalty", sums["kl_penalty"] / tokens, batch_size=n)
-        self.log("train/completion_length", rollout.completion_mask.sum(-1).float().mean(), batch_size=n)
+            self.log("train/kl_penalty", logged["kl_penalty"], batch_size=n)
+        lengths = step.rollout.completion_mask.sum(-1).float()
+        self.log("train/completion_length", lengths.mean(), batch_size=n)
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
         every = self.hparams.log_text_every
         batch_index = (self.global_step - passes) // self.hparams.num_iterations  # rollout batches so far
         if every and batch_index % every == 0 and isinstance(self.logger, TensorBoardLogger):
-            shown = [
-                f"    [reward {float(r):g}] {t}".replace("\n", "\n    ")
-                for r, t in list(zip(rewards, rollout.render(self.tokenizer)))[
-                    : self.hparams.num_text_samples
-                ]
-            ]
-            self.logger.experiment.add_text("completions", "\n\n".join(shown), self.global_step)
+            texts = step.rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
+            body = "\n\n".join(
+                f"    [reward {float(r):g}] {t}".replace("\n", "\n    ") for r, t in zip(step.rewards, texts)
+            )
+            self.logger.experiment.add_text("completions", body, self.global_step)
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:

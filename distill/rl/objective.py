@@ -12,6 +12,11 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_LOG_RATIO = 30.0
 
 
+def _wide(x: Tensor) -> Tensor:
+    """At least float32 (float64 stays float64, for tests in double precision)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def group_advantages(
     rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4
 ) -> tuple[Tensor, Tensor]:
@@ -41,12 +46,12 @@ def group_advantages(
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / temperature) at `tokens`: `[B, T, V]`, `[B, T]` -> `[B, T]` float32."""
+    """log softmax(logits / temperature) at `tokens`: `[B, T, V]`, `[B, T]` -> `[B, T]`."""
     if logits.shape[:2] != tokens.shape:
         raise ValueError(
             f"logits [B, T, V] and tokens [B, T] disagree: {tuple(logits.shape)} vs {tuple(tokens.shape)}"
         )
-    z = logits.float() / temperature
+    z = _wide(logits) / temperature
     return z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
@@ -60,9 +65,9 @@ def clipped_surrogate(
     (r > 1 + clip_high with A > 0, r < 1 - clip_low with A < 0): the policy has already moved far
     enough that way. Elsewhere it is -A r d logp (pushing logp up when A > 0).
 
-    Returns (loss `[B, T]` float32, clipped `[B, T]` bool: the tokens whose gradient is cut off).
+    Returns (loss `[B, T]`, clipped `[B, T]` bool: the tokens whose gradient is cut off).
     """
-    a = advantages.float()
+    a = _wide(advantages)
     if a.dim() == 1:
         a = a[:, None]
     ratio = torch.exp(logp - old_logp.detach())
@@ -74,17 +79,19 @@ def clipped_surrogate(
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
-    """Schulman's single-sample estimators of KL(policy || reference) per token, on tokens the policy
-    sampled: with d = ref_logp - logp, k1 = -d, k2 = d^2 / 2, k3 = exp(d) - 1 - d (`[B, T]` float32).
+    """Schulman's single-sample estimators of KL(policy || reference) per token, on tokens the
+    policy sampled: with d = ref_logp - logp, k1 = -d, k2 = d^2 / 2, k3 = exp(d) - 1 - d (`[B, T]`,
+    float32 or wider).
 
     Differentiated through `logp` as a loss term (DeepSeekMath's GRPO uses k3 so), their expected
     gradients differ: k2's is the gradient of KL(policy || reference); k3's that of
     KL(reference || policy) (mass-covering, still a pull towards the reference); k1's is zero in
-    expectation (its value is still an unbiased estimate of the KL, for logging).
+    expectation. As values, k1 and k3 are unbiased estimates of KL(policy || reference), k2 is
+    biased (with lower variance).
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got {estimator!r}")
-    d = (ref_logp.detach().float() - logp.float()).clamp(max=MAX_LOG_RATIO)
+    d = (_wide(ref_logp.detach()) - _wide(logp)).clamp(max=MAX_LOG_RATIO)
     if estimator == "k1":
         return -d
     if estimator == "k2":
