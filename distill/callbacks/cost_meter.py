@@ -62,7 +62,8 @@ class CostMeter(L.Callback):
 
     Evaluation compute is not in the token and FLOP counts (it is measurement, not training). A
     rollout reused across steps (`data.refresh_every > 1`: the same `RolloutBatch` object) is
-    counted once. Totals survive resuming (checkpoint state).
+    counted once. Counts are this process's (one device; multiply by the device count under
+    data parallelism). Totals survive resuming (checkpoint state).
 
     Args:
         every_n_steps: log the running totals every N optimiser steps (always at the end of fit).

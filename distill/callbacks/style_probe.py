@@ -23,6 +23,16 @@ def style_share(texts: Iterable[str], detector: Callable[[str], bool]) -> float:
     return sum(flags) / len(flags) if flags else 0.0
 
 
+class RegexDetector:
+    """True when `pattern` occurs in the text (a class, not a lambda, so the callback pickles)."""
+
+    def __init__(self, pattern: str):
+        self.regex = re.compile(pattern)
+
+    def __call__(self, text: str) -> bool:
+        return self.regex.search(text) is not None
+
+
 def import_callable(path: str) -> Callable[[str], bool]:
     """`package.module.name` -> that callable."""
     module_name, _, attr = path.rpartition(".")
@@ -74,12 +84,11 @@ class StyleProbe(L.Callback):
             self.detector = import_callable(detector)
         elif isinstance(pattern, str):
             try:
-                regex = re.compile(pattern)
+                self.detector = RegexDetector(pattern)
             except re.error as err:
                 raise ValueError(
                     f"{owner}.pattern {pattern!r} is not a valid regular expression: {err}"
                 ) from None
-            self.detector = lambda text: regex.search(text) is not None
         elif callable(pattern):
             self.detector = pattern
         else:

@@ -63,17 +63,20 @@ class UpdateSparsity(L.Callback):
     def _path(self, trainer) -> Path:
         return Path(self.snapshot_path or Path(trainer.default_root_dir) / SNAPSHOT_NAME)
 
-    def take_snapshot(self, model: torch.nn.Module, path: Path) -> None:
-        """Copy the current trainable parameters into memory as θ0 and write them to `path`."""
+    def take_snapshot(self, model: torch.nn.Module, path: Path, write: bool = True) -> None:
+        """Copy the current trainable parameters into memory as θ0 and write them to `path`
+        (`write=False`: keep the path only; another process writes the file)."""
         params = trainable_parameters(model)
         self.theta0 = {
             n: p.detach().to("cpu" if self.offload_to_cpu else p.device, copy=True) for n, p in params.items()
         }
+        self.snapshot_path = str(path)
+        if not write:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         save_file({n: t.detach().cpu().contiguous() for n, t in self.theta0.items()}, str(tmp))
         tmp.replace(path)  # a crash mid-write never leaves a truncated θ0 behind
-        self.snapshot_path = str(path)
 
     def load_snapshot(self, model: torch.nn.Module, path: Path) -> None:
         """Read θ0 from `path`; its names and shapes must match the trainable parameters."""
@@ -98,7 +101,9 @@ class UpdateSparsity(L.Callback):
             self.load_snapshot(pl_module.student, Path(self.restore_from))
             self.snapshot_path, self.restore_from = self.restore_from, None
         else:
-            self.take_snapshot(pl_module.student, self._path(trainer))
+            # Under DDP every rank holds the same θ0; one writes the file.
+            write = getattr(trainer, "is_global_zero", True)
+            self.take_snapshot(pl_module.student, self._path(trainer), write=write)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step % self.every_n_steps == 0:

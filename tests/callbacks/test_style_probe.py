@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from distill.callbacks import StyleProbe
@@ -20,6 +22,7 @@ def test_default_pattern_detects_the_teachers_connectives():
     assert [probe.detector(t) for t in TEXTS] == [True, True, False, False]
     assert style_share(TEXTS, probe.detector) == 0.5
     assert style_share([], probe.detector) == 0.0
+    assert pickle.loads(pickle.dumps(probe)).detector(TEXTS[0])  # spawn-based launchers pickle callbacks
 
 
 def test_custom_regex_and_callable():
