@@ -1,13 +1,14 @@
 """Row-wise divergence math on float32 chunks: values and closed-form gradients.
 
 Every function here works on a chunk of rows ``[n, V]`` already in float32 (float64 when the inputs
-are float64, for gradcheck) and already divided by the temperature. A divergence is described by a *terms* function ``terms(s, t, p_s, p_t) -> (value, g)``
-where ``s``/``t`` are the student/teacher log-probabilities, ``p_s``/``p_t`` their probabilities,
-``value`` is the divergence per row and ``g = p_s * dL/dp_s`` (the derivative with respect to the
-student's log-probabilities taken as free variables). A terms function may overwrite ``s``, ``t``
-and ``p_t`` (to save ``[n, V]`` allocations) but never ``p_s``. The gradient with respect to the student's
-(scaled) logits then follows from the softmax Jacobian as ``g - p_s * sum(g)``, which is what
-:func:`logit_grad` computes; no ``[n, V]`` autograd graph is ever built.
+are float64, for gradcheck) and already divided by the temperature. A divergence is described by a
+*terms* function ``terms(s, t, p_s, p_t) -> (value, g)`` where ``s``/``t`` are the student/teacher
+log-probabilities, ``p_s``/``p_t`` their probabilities, ``value`` is the divergence per row and
+``g = p_s * dL/dp_s`` (the derivative with respect to the student's log-probabilities taken as free
+variables). A terms function may overwrite ``s``, ``t`` and ``p_t`` (to save ``[n, V]``
+allocations) but never ``p_s``. The gradient with respect to the student's (scaled) logits then
+follows from the softmax Jacobian as ``g - p_s * sum(g)``, which is what :func:`logit_grad`
+computes; no ``[n, V]`` autograd graph is ever built.
 """
 
 from __future__ import annotations

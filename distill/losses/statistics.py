@@ -21,9 +21,9 @@ def token_statistics(
 ) -> dict[str, Tensor]:
     """Exact ``forward_kl`` (KL(p_T||p_S)), ``reverse_kl`` (KL(p_S||p_T)), ``student_entropy`` and
     ``teacher_entropy`` at every position: a dict of ``[B, T]`` float32 tensors (nats), computed in
-    float32, ``chunk_size`` positions at a time (None: ``2**23 // V``), without gradients. Logits are cut to ``vocab_size``
-    (None: the smaller of the two widths), as the divergences do, so the figures are comparable
-    whichever divergence is optimised.
+    float32, ``chunk_size`` positions at a time (None: ``2**23 // V``), without gradients. Logits are
+    cut to ``vocab_size`` (None: the smaller of the two widths), as the divergences do, so the figures
+    are comparable whichever divergence is optimised. ``temperature`` divides both (default 1).
     """
     if student_logits.dim() != 3 or teacher_logits.shape[:2] != student_logits.shape[:2]:
         raise ValueError(
