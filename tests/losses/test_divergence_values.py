@@ -129,3 +129,13 @@ def test_token_statistics_no_grad_even_for_grad_inputs():
     s = _logits(1, 2, 7, seed=18).requires_grad_()
     stats = token_statistics(s, _logits(1, 2, 7, seed=19))
     assert not stats["forward_kl"].requires_grad
+
+
+def test_token_statistics_rejects_bad_options():
+    s, t = _logits(1, 2, 8, seed=20), _logits(1, 2, 6, seed=21)
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        token_statistics(s, t, chunk_size=0)
+    with pytest.raises(ValueError, match=r"vocab_size=7 .*\[1, 6\]"):
+        token_statistics(s, t, vocab_size=7)
+    with pytest.raises(ValueError, match="temperature=0"):
+        token_statistics(s, t, temperature=0)
