@@ -208,7 +208,7 @@ class RolloutDataModule(L.LightningDataModule):
                 ids,
                 attn,
                 generator=torch.Generator().manual_seed(_seed("rollout", self.hparams.seed, step)),
-                seed=self.hparams.seed,
+                seed=self._rollout_seed(trainer.current_epoch),
             )
             out = {"rollout": rollout, "rows": rows, "task": self.task.name, "group_size": g}
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
@@ -221,6 +221,11 @@ class RolloutDataModule(L.LightningDataModule):
             batch["attention_mask"],
         )
         return {"rollout": rollout, "rows": batch["rows"], "task": tasks[dataloader_idx].name}
+
+    def _rollout_seed(self, epoch: int) -> int:
+        """Per-row sampling streams are seeded by (this, prompt, occurrence): a prompt met again in a
+        later epoch must get fresh noise, or its rollouts repeat (GRPO then fits that noise)."""
+        return self.hparams.seed if epoch == 0 else _seed("rollout", self.hparams.seed, "epoch", epoch)
 
     @staticmethod
     def _teacher(module, sampler: RolloutSampler):
