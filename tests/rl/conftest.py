@@ -48,7 +48,7 @@ class Rollouts:
         from types import SimpleNamespace
 
         data.trainer = SimpleNamespace(
-            training=training, testing=False, global_step=0, lightning_module=module
+            training=training, testing=False, global_step=0, current_epoch=0, lightning_module=module
         )
         batch = next(iter(data.train_dataloader() if training else data.val_dataloader()[0]))
         return data.on_after_batch_transfer(batch, 0)
