@@ -43,12 +43,12 @@ class Rollouts:
         return data
 
     @staticmethod
-    def batch(data, module, training: bool = True) -> dict:
+    def batch(data, module, training: bool = True, epoch: int = 0) -> dict:
         """The first training (or validation) batch after rollout sampling, with a faked trainer."""
         from types import SimpleNamespace
 
         data.trainer = SimpleNamespace(
-            training=training, testing=False, global_step=0, current_epoch=0, lightning_module=module
+            training=training, testing=False, global_step=0, current_epoch=epoch, lightning_module=module
         )
         batch = next(iter(data.train_dataloader() if training else data.val_dataloader()[0]))
         return data.on_after_batch_transfer(batch, 0)

@@ -72,3 +72,11 @@ def test_the_teacher_is_used_when_there_is_one(rollouts, policy_dir):
     torch.nn.init.zeros_(module.teacher.lm_head.weight)  # uniform: unlike the student's rows
     out = rollouts.batch(rollouts.data(policy_dir, mix=1.0), module)
     assert bool(out["rollout"].teacher_token_mask[out["rollout"].completion_mask].all())
+
+
+def test_a_prompt_met_again_in_a_later_epoch_gets_fresh_samples(rollouts, policy_dir):
+    data, module = rollouts.data(policy_dir, group_size=2), _module(policy_dir)
+    first = rollouts.batch(data, module, epoch=0)["rollout"].completion_ids()
+    assert rollouts.batch(data, module, epoch=0)["rollout"].completion_ids() == first  # seeded
+    later = rollouts.batch(data, module, epoch=1)["rollout"].completion_ids()
+    assert sum(a != b for a, b in zip(first, later)) >= len(first) // 2
