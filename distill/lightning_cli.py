@@ -125,6 +125,21 @@ def _expand_file(path: str, seen: tuple) -> list[str]:
     return out + ["--config", yaml.safe_dump(data)] if data else out
 
 
+def _one_line(message: str) -> str:
+    """The model is a `LightningModule | None` union, so jsonargparse wraps a module's own error in
+    a report of every union member; keep the module's line (it names field, value and what is allowed)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and "Union subtypes" in lines[0]:
+        causes = [
+            ln[2:]
+            for ln in lines
+            if ln.startswith("- ") and not ln.startswith("- Expected a <class 'NoneType'>")
+        ]
+        if causes:
+            return causes[0]
+    return " ".join(lines) if len(lines) <= 3 else lines[0]
+
+
 def run_lightning_cli(argv: list[str]) -> dict:
     command, args = argv[0], argv[1:]
     # `distill fit ARGS` hands ARGS to LightningCLI explicitly; its warning about sys.argv is moot.
@@ -142,6 +157,6 @@ def run_lightning_cli(argv: list[str]) -> dict:
             parser_kwargs={"prog": f"distill {command}"},
         )
     except (ValueError, FileNotFoundError, TypeError) as err:
-        print(f"distill {command}: error: {err}", file=sys.stderr)
+        print(f"distill {command}: error: {_one_line(str(err))}", file=sys.stderr)
         raise SystemExit(2) from None
     return cli.execute(command)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -143,33 +144,8 @@ class DistillationModule(L.LightningModule):
         `on_train_batch_end`: the loss, the rollout, the step's completion-token count, wall seconds
         per phase and the tokens each model processed."""
         rollout = batch["rollout"]
-        ids, attn = rollout.input_ids, rollout.attention_mask
-        mask = rollout.completion_mask[:, 1:]
-        teacher_written = rollout.teacher_token_mask[:, 1:]
-        num_items = step_token_count([mask])
-        size = self.hparams.micro_batch_size or ids.shape[0]
         optimizer = self.optimizers()
-        timings = {"teacher_forward": 0.0, "student_forward_backward": 0.0}
-        sums = torch.zeros(5, device=ids.device)  # loss, fkl, rkl, student H, teacher H (token sums)
-        for start in range(0, ids.shape[0], size):
-            rows = slice(start, start + size)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                teacher = self._logits(self.teacher, ids[rows], attn[rows])
-            t1 = time.perf_counter()
-            student = self._logits(self.student, ids[rows], attn[rows])
-            if self.logit_grad_sink is not None:
-                sink, m_rows, t_rows = self.logit_grad_sink, mask[rows], teacher_written[rows]
-                student.register_hook(lambda g: sink.record(g, m_rows, t_rows, num_items))
-            loss = self.divergence(student, teacher, mask[rows], tokens=ids[rows, 1:], num_items=num_items)
-            self.manual_backward(loss)
-            timings["teacher_forward"] += t1 - t0
-            timings["student_forward_backward"] += time.perf_counter() - t1
-            stats = token_statistics(student.detach(), teacher)
-            m = mask[rows].float()
-            keys = ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
-            sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])
-            del student, teacher, stats
+        means, num_items, timings = self.accumulate_gradients(rollout)
         clip = self.hparams.gradient_clip_val
         grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
         t0 = time.perf_counter()
@@ -179,10 +155,10 @@ class DistillationModule(L.LightningModule):
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
-        self._log_step(rollout, sums / num_items.clamp(min=1), grad_norm, optimizer)
-        real_tokens = int(attn.sum())
+        self._log_step(rollout, means, grad_norm, optimizer)
+        real_tokens = int(rollout.attention_mask.sum())
         return {
-            "loss": sums[0] / num_items.clamp(min=1),
+            "loss": means[0],
             "rollout": rollout,
             "num_items": int(num_items),
             "grad_norm": float(grad_norm),
@@ -190,6 +166,46 @@ class DistillationModule(L.LightningModule):
             # Both models read every real token of the step's sequences once.
             "tokens": {"teacher_forward": real_tokens, "student_train": real_tokens},
         }
+
+    def accumulate_gradients(self, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the
+        completion tokens of the whole step. Returns per-token means of (loss, forward KL, reverse KL,
+        student entropy, teacher entropy), the token count and wall seconds per phase."""
+        ids, attn = rollout.input_ids, rollout.attention_mask
+        mask = rollout.completion_mask[:, 1:]
+        teacher_written = rollout.teacher_token_mask[:, 1:]
+        num_items = step_token_count([mask])
+        size = self.hparams.micro_batch_size or ids.shape[0]
+        backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
+        timings = {"teacher_forward": 0.0, "student_forward_backward": 0.0}
+        sums = torch.zeros(5, device=ids.device)
+        for start in range(0, ids.shape[0], size):
+            rows = slice(start, start + size)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                teacher = self._logits(self.teacher, ids[rows], attn[rows])
+            t1 = time.perf_counter()
+            student = self._logits(self.student, ids[rows], attn[rows])
+            if self.logit_grad_sink is not None:
+                record = self.logit_grad_sink.record
+                student.register_hook(
+                    partial(
+                        record,
+                        completion_mask=mask[rows],
+                        teacher_token_mask=teacher_written[rows],
+                        num_items=num_items,
+                    )
+                )
+            loss = self.divergence(student, teacher, mask[rows], tokens=ids[rows, 1:], num_items=num_items)
+            backward(loss)
+            timings["teacher_forward"] += t1 - t0
+            timings["student_forward_backward"] += time.perf_counter() - t1
+            stats = token_statistics(student.detach(), teacher)
+            m = mask[rows].float()
+            keys = ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
+            sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])
+            del student, teacher, stats
+        return sums / num_items.clamp(min=1), num_items, timings
 
     def _log_step(self, rollout, means, grad_norm, optimizer) -> None:
         names = ("loss", "forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")

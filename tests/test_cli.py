@@ -1,0 +1,163 @@
+"""`distill fit` through LightningCLI: configs parse, bad configs fail early, a short run's outputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.cli import main
+from distill.lightning_cli import expand_bases, run_lightning_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml"))
+SHORT = [
+    "--trainer.max_steps",
+    "2",
+    "--trainer.val_check_interval",
+    "1",
+    "--data.batch_size",
+    "4",
+    "--data.val_size",
+    "8",
+    "--data.test_size",
+    "8",
+    "--data.eval_batch_size",
+    "8",
+    "--data.max_new_tokens",
+    "12",
+    "--data.eval_max_new_tokens",
+    "12",
+    "--data.train_size",
+    "64",
+    "--trainer.log_every_n_steps",
+    "1",
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_every_config_parses_and_states_its_command(config, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    first = (ROOT / config).read_text().splitlines()[0]
+    assert first == f"# distill fit --config {config}", (
+        "the first line must be the command that runs the file"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["class_path"].startswith("distill.")
+    assert printed["model"]["init_args"]["student"]
+
+
+def test_base_includes_deep_merge(tmp_path):
+    (tmp_path / "a.yaml").write_text("data: {mix: 0.5, task: countdown3}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\ndata: {mix: 1.0}\n")
+    args = expand_bases(["--config", str(tmp_path / "b.yaml"), "--x", "1"])
+    assert args[:2] == ["--config", str(tmp_path / "a.yaml")]
+    assert yaml.safe_load(args[3]) == {"data": {"mix": 1.0}} and args[4:] == ["--x", "1"]
+    (tmp_path / "c.yaml").write_text("base: c.yaml\n")
+    with pytest.raises(ValueError, match="cycle"):
+        expand_bases(["--config", str(tmp_path / "c.yaml")])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--data.mix", "1.5"], "data.mix must be in [0, 1], got 1.5"),
+        (["--data.granularity", "row"], "data.granularity must be one of"),
+        (["--data.task", "gsm8k"], "task must be one of"),
+        (["--data.refresh_every", "0"], "data.refresh_every must be an integer >= 1, got 0"),
+        (["--model.init_args.micro_batch_size", "0"], "model.micro_batch_size must be"),
+        (
+            ["--model.init_args.student", "/nowhere/student"],
+            "model.student: no model directory at '/nowhere/student'",
+        ),
+    ],
+)
+def test_bad_config_fails_before_any_model_is_loaded(
+    tiny_world_cache, override, message, capsys, monkeypatch
+):
+    import distill.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["fit", "--config", "configs/tiny/base.yaml", *override])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_unknown_divergence_is_rejected_by_the_parser(tiny_world_cache, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(
+            [
+                "fit",
+                "--config",
+                "configs/tiny/base.yaml",
+                "--model.init_args.divergence",
+                "distill.losses.NoSuchKL",
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "NoSuchKL" in capsys.readouterr().err
+
+
+def test_tokenizer_mismatch_names_both_models(tiny_world_cache, tmp_path, capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    other = tmp_path / "other"
+    tok = AutoTokenizer.from_pretrained(tiny_world_cache / "student")
+    tok.add_tokens(["<extra>"])
+    tok.save_pretrained(other)
+    AutoModelForCausalLM.from_pretrained(tiny_world_cache / "student").save_pretrained(other)
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit):
+        run_lightning_cli(
+            ["fit", "--config", "configs/tiny/base.yaml", "--model.init_args.teacher", str(other)]
+        )
+    err = capsys.readouterr().err
+    assert "different tokenizers" in err and str(other) in err and "tiny-world:student" in err
+
+
+def test_unknown_command_and_help(capsys):
+    assert main(["--help"]) == 0 and "tiny-world" in capsys.readouterr().out
+    assert main(["frobnicate"]) == 2 and "unknown command" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    metrics = run_lightning_cli(
+        ["fit", "--config", "configs/tiny/rkl_mix0.5.yaml", *SHORT, "--run_dir", str(run)]
+    )
+    summary = json.loads((run / "metrics.json").read_text())
+    assert summary["status"] == "finished" and summary["metrics"] == pytest.approx(metrics)
+    for key in (
+        "train/loss",
+        "train/forward_kl",
+        "train/reverse_kl",
+        "train/teacher_share",
+        "val/countdown3/accuracy",
+        "test/countdown5/accuracy",
+    ):
+        assert key in metrics
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["data"]["mix"] == 0.5 and config["model"]["init_args"]["divergence"]["class_path"].endswith(
+        "ReverseKL"
+    )
+    env = json.loads((run / "env.json").read_text())
+    assert env["packages"]["torch"] and "revision" in env["git"]
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    assert {"train/loss", "train/forward_kl", "train/reverse_kl"} <= set(events.Tags()["scalars"])
+    assert AutoModelForCausalLM.from_pretrained(run / "student") is not None
+    assert len(AutoTokenizer.from_pretrained(run / "student")) == 104
+    ckpt = __import__("torch").load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["state_dict"] and not [k for k in ckpt["state_dict"] if "teacher" in k]

@@ -1,0 +1,123 @@
+"""DistillationModule: frozen teacher, step-level normalisation, checkpoints without the teacher."""
+
+import pytest
+import torch
+
+from distill.losses import ForwardKL, ReverseKL
+from distill.module import DistillationModule
+from distill.rollout import RolloutBatch
+
+
+def _module(world, divergence=None, micro_batch_size=None):
+    m = DistillationModule(
+        student=str(world / "student"),
+        teacher=str(world / "teacher"),
+        divergence=divergence or ForwardKL(),
+        micro_batch_size=micro_batch_size,
+    )
+    m.configure_model()
+    return m
+
+
+def _rollout(tok, lengths, prompt_len=6, seed=0):
+    """A hand-made rollout batch: left-padded prompts and completions of the given lengths."""
+    g = torch.Generator().manual_seed(seed)
+    total = prompt_len + max(lengths)
+    b = len(lengths)
+    ids = torch.full((b, total), tok.pad_token_id)
+    attn = torch.zeros(b, total, dtype=torch.long)
+    comp = torch.zeros(b, total, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        p = prompt_len - (i % 3)  # prompts of different lengths, left-padded
+        ids[i, prompt_len - p : prompt_len] = torch.randint(8, 104, (p,), generator=g)
+        ids[i, prompt_len : prompt_len + n] = torch.randint(8, 104, (n,), generator=g)
+        attn[i, prompt_len - p : prompt_len + n] = 1
+        comp[i, prompt_len : prompt_len + n] = True
+    teacher = comp & (torch.rand(b, total, generator=g) < 0.5)
+    return RolloutBatch(ids, attn, comp, teacher, prompt_len)
+
+
+def _grads(module):
+    return {n: p.grad.clone() for n, p in module.student.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("divergence", [ForwardKL, ReverseKL])
+def test_micro_batches_give_the_same_gradient_as_one_batch(quick_world, divergence):
+    """8 x 1 and 1 x 8 give the same update, with completions of different lengths (the
+    step-level normalisation; a per-micro-batch mean would weight short completions more)."""
+    rollout = _rollout(_module(quick_world).tokenizer, lengths=[1, 3, 9, 2, 14, 5, 7, 4])
+    whole = _module(quick_world, divergence(), micro_batch_size=None)
+    means_whole, n_whole, _ = whole.accumulate_gradients(rollout)
+    split = _module(quick_world, divergence(), micro_batch_size=1)
+    means_split, n_split, _ = split.accumulate_gradients(rollout)
+    assert int(n_whole) == int(n_split) == sum([1, 3, 9, 2, 14, 5, 7, 4])
+    torch.testing.assert_close(means_whole, means_split, rtol=1e-5, atol=1e-6)
+    a, b = _grads(whole), _grads(split)
+    assert a.keys() == b.keys() and len(a) > 0
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-7)
+
+
+def test_step_mean_differs_from_mean_of_micro_batch_means(quick_world):
+    """The invariance above is not trivial: averaging per-micro-batch means gives another loss."""
+    lengths = [1, 14]
+    module = _module(quick_world)
+    rollout = _rollout(module.tokenizer, lengths)
+    means, n, _ = module.accumulate_gradients(rollout)
+    per_row = []
+    for i in range(2):
+        row = RolloutBatch(
+            *(
+                t[i : i + 1]
+                for t in (
+                    rollout.input_ids,
+                    rollout.attention_mask,
+                    rollout.completion_mask,
+                    rollout.teacher_token_mask,
+                )
+            ),
+            rollout.prompt_length,
+        )
+        per_row.append(_module(quick_world).accumulate_gradients(row)[0][0])
+    assert abs(float(means[0]) - float(sum(per_row) / 2)) > 1e-4
+
+
+def test_teacher_is_frozen_and_outside_optimizer_and_checkpoint(quick_world):
+    module = _module(quick_world)
+    assert not module.teacher.training
+    assert all(not p.requires_grad for p in module.teacher.parameters())
+    module.accumulate_gradients(_rollout(module.tokenizer, [3, 5]))
+    assert all(p.grad is None for p in module.teacher.parameters())
+    optimizer = module.configure_optimizers()
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(p) for p in module.student.parameters()}
+    assert not in_optimizer & {id(p) for p in module.teacher.parameters()}
+    state = module.state_dict()
+    assert state and all(not k.startswith("teacher.") for k in state)
+    assert any(k.startswith("student.") for k in state)
+    # Loading a teacher-less checkpoint into a fresh module restores the student exactly.
+    fresh = _module(quick_world)
+    with torch.no_grad():
+        for p in fresh.student.parameters():
+            p.add_(1.0)
+    fresh.load_state_dict(state, strict=fresh.strict_loading)
+    for (n, p), q in zip(fresh.student.named_parameters(), module.student.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_logits_cover_the_real_vocabulary_only(quick_world):
+    module = _module(quick_world)
+    rollout = _rollout(module.tokenizer, [4])
+    student, teacher = module.pair_logits(rollout.input_ids, rollout.attention_mask)
+    # Embeddings have 112 and 128 rows; the tokenizer 104 tokens.
+    assert student.shape[-1] == teacher.shape[-1] == len(module.tokenizer) == 104
+    assert not teacher.requires_grad and student.requires_grad
+
+
+def test_bad_options_fail_before_loading(quick_world, tmp_path):
+    with pytest.raises(ValueError, match="model.micro_batch_size must be"):
+        DistillationModule(str(quick_world / "student"), str(quick_world / "teacher"), micro_batch_size=0)
+    with pytest.raises(ValueError, match="model.student_dtype must be one of"):
+        DistillationModule(str(quick_world / "student"), str(quick_world / "teacher"), student_dtype="float8")
+    with pytest.raises(FileNotFoundError, match="model.teacher: no model directory"):
+        DistillationModule(str(quick_world / "student"), str(tmp_path / "nowhere"))
