@@ -15,6 +15,10 @@ into `--out` (default `SWEEP_DIR/report`):
   per divergence with seed error bars, and training curves of the KLs when TensorBoard event
   files are present (the report works from committed files alone and then skips them).
 
+A staged sweep (`stages:` in the spec) gets `report.md` with a link to each stage's report
+(`<stage>/report.md`, as above) and a before/after section per chained stage (accuracy of each
+parent run and of the run chained from it, by divergence x mix; see `distill.experiments.stages`).
+
 Cells are mean ± sample std (n runs) over seeds and over every knob not shown, which is
 pooled (averaged over); each table says which. Knobs with a single value are constants and are
 left out of the factor analysis; `seed` is the replicate, never a factor. Missing metrics are
@@ -30,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from distill.experiments import stages
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance, summarize
 from distill.experiments.records import (
     CURVE_TAGS,
@@ -245,9 +250,15 @@ def _plots(records, factors, metrics, accuracy_metrics, out: Path) -> list[Path]
 def build_report(
     sweep_dir: Path, out: Path | None = None, n_boot: int = N_BOOT, with_plots: bool = True
 ) -> Path:
-    """Write runs.csv, report.md and plots/ for a sweep directory; returns the report.md path."""
+    """Write runs.csv, report.md and plots/ for a sweep directory; returns the report.md path.
+    A staged sweep gets one report per stage and a before/after section (`distill.experiments.stages`)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out is not None else sweep_dir / "report"
+    staged = stages.read_stages(sweep_dir)
+    if staged:
+        return stages.build_staged_report(
+            sweep_dir, out, staged, build_report, n_boot=n_boot, with_plots=with_plots
+        )
     records = load_records(sweep_dir)
     if not records:
         raise FileNotFoundError(f"no run directories (with settings.json or metrics.json) in {sweep_dir}")

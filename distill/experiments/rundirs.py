@@ -2,7 +2,8 @@
 
 A run directory written by the sweep runner holds, before the fit starts, `overrides.yaml` (the
 run's config overrides, passed to fit as the last `--config`) and `settings.json` (the knob values
-by axis name, which the report reads). The fit then writes `config.yaml`, `env.json`,
+by axis name, which the report reads; in a staged spec also `stage` and, for a chained run,
+`after`: its parent's stage, name and directory). The fit then writes `config.yaml`, `env.json`,
 `checkpoints/`, `tensorboard/`, `student/`, and last, atomically, `metrics.json`.
 
 A run is finished iff its `metrics.json` parses and has `"status": "finished"`. Finished runs are
@@ -61,9 +62,10 @@ def fit_command(
     run: Run, base: list[Path], prefix: tuple[str, ...] | list[str] = DEFAULT_FIT_PREFIX
 ) -> list[str]:
     """`<prefix> --config <base>... --config <run_dir>/overrides.yaml --run_dir <run_dir>
-    [--ckpt_path <run_dir>/checkpoints/last.ckpt]` (the checkpoint only when it exists)."""
+    [--ckpt_path <run_dir>/checkpoints/last.ckpt]` (the checkpoint only when it exists). A run of a
+    staged spec starts from its stage's `base` instead."""
     cmd = list(prefix)
-    for path in base:
+    for path in run.base if run.base is not None else base:
         cmd += ["--config", str(path)]
     cmd += ["--config", str(run.run_dir / OVERRIDES), "--run_dir", str(run.run_dir)]
     ckpt = resume_checkpoint(run.run_dir)
@@ -99,5 +101,9 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
     run_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(run_dir / OVERRIDES, yaml.safe_dump(nest(run.overrides), sort_keys=False))
     record = {"sweep": sweep_name, "name": run.name, "settings": run.settings, "overrides": run.overrides}
+    if run.stage is not None:
+        record["stage"] = run.stage
+    if run.after is not None:  # the parent run (its directory), for the before/after report
+        record["after"] = {"stage": run.after.parent.name, "run": run.after.name, "run_dir": str(run.after)}
     _atomic_write(run_dir / SETTINGS, json.dumps(record, indent=2) + "\n")
     return state

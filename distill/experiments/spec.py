@@ -48,11 +48,28 @@ Each run gets the directory `<out>/<name>`, where the name lists the settings so
 e.g. `divergence=forward_kl,lr=3e-4,mix=0.25,seed=0` (floats in their shortest form that reads
 back to the same number). A dotted axis appears under its full path unless it has a shorthand.
 
-Chained stages (e.g. GRPO from each distilled student) are reserved for a later `stages:` list,
-each entry a spec of its own (`name`, `base`, `overrides`, `axes`) plus `after: <stage>`, meaning
-one run per finished run of that stage with `model.student` set to its `student/` export, the
-run directories nested as `<out>/<stage>/<name>`. Until that is implemented a spec with `stages`
-is rejected rather than silently run as a single stage.
+Chained stages (e.g. GRPO from each distilled student) replace `base`, `overrides` and `axes`
+by a `stages:` list; each entry is a spec of its own (`name`, `base`, `overrides`, `axes`), and a
+later one may say `after: <earlier stage>`::
+
+    name: distill_then_rlvr
+    stages:
+      - name: distill
+        base: configs/tiny/base.yaml
+        axes: {mix: [0, 0.5, 1], divergence: [forward_kl, reverse_kl], seed: [0, 1]}
+      - name: grpo
+        after: distill
+        base: configs/tiny/grpo_countdown.yaml
+        overrides: {trainer.max_steps: 60}
+
+A stage with `after` has one run per run of that stage (times its own axes, which are optional
+there) with `model.student` set to the parent's `student/` export. A chained run inherits the
+parent's settings (its knobs: the report groups the RLVR runs by the distillation's divergence and
+mix) and, unless the stage sets `seed` itself, its seed. Its own axes may not repeat the parent's.
+Run directories are nested as `<out>/<stage>/<name>` (a chained run has its parent's name when the
+stage has no axes), run names are `<stage>/<name>`, and a chained run starts only once its parent
+has finished (a failed parent marks it failed too). `distill report` writes one report per stage
+and a before/after section comparing each chained run with its parent.
 """
 
 from __future__ import annotations
@@ -83,7 +100,10 @@ ROOTS = ("trainer", "model", "data")
 MODEL_INIT_ARGS = "model.init_args."
 # Keys the runner itself sets on the command line; an axis or override may not set them.
 RESERVED_PATHS = ("run_dir", "ckpt_path")
-SPEC_KEYS = ("name", "base", "out", "overrides", "axes", "slurm")
+SPEC_KEYS = ("name", "base", "out", "overrides", "axes", "slurm", "stages")
+STAGE_KEYS = ("name", "base", "overrides", "axes", "after")
+STUDENT_PATH = "model.student"  # set on chained runs to the parent's export
+STUDENT_EXPORT = "student"
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -154,12 +174,26 @@ PATH_TO_SHORTHAND = {s.path: name for name, s in SHORTHANDS.items()}
 @dataclass(frozen=True)
 class Run:
     """One fit of a sweep: `settings` are the knob values by axis name (shorthand where one
-    exists, values as in the spec); `overrides` are the dotted config values (fixed + axes)."""
+    exists, values as in the spec); `overrides` are the dotted config values (fixed + axes).
+    In a staged spec: `base` is the stage's configs (None: the spec's), `stage` its name, and
+    `after` the parent run's directory (the run starts once the parent has finished)."""
 
     name: str
     run_dir: Path
     settings: dict[str, Any]
     overrides: dict[str, Any]
+    base: list[Path] | None = None
+    stage: str | None = None
+    after: Path | None = None
+
+
+@dataclass
+class Stage:
+    name: str
+    base: list[Path]
+    axes: dict[str, list[Any]]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    after: str | None = None
 
 
 @dataclass
@@ -171,6 +205,9 @@ class SweepSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    # Chained stages, in order; empty for a single-stage spec. With stages, base/axes/overrides
+    # above are the first stage's.
+    stages: list[Stage] = field(default_factory=list)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -278,7 +315,9 @@ def _same(a: Any, b: Any) -> bool:
     return format_value(a) == format_value(b) or (numbers and a == b)
 
 
-def _parse_axes(raw: Any) -> dict[str, list[Any]]:
+def _parse_axes(raw: Any, optional: bool = False) -> dict[str, list[Any]]:
+    if optional and raw is None:
+        return {}
     if not isinstance(raw, dict) or not raw:
         raise SpecError(f"'axes' must be a non-empty mapping of axis -> list of values, got {raw!r}")
     axes: dict[str, list[Any]] = {}
@@ -324,13 +363,70 @@ def _paths(raw: Any, field_name: str, root: Path) -> list[Path]:
     return [(root / p).resolve() for p in items]
 
 
+def _check_axes_vs_overrides(axes: dict[str, list[Any]], overrides: dict[str, Any], where: str) -> None:
+    for axis in axes:
+        axis_path = SHORTHANDS[axis].path if axis in SHORTHANDS else axis
+        if axis_path in overrides:
+            raise SpecError(f"{where}axis {axis!r} sets {axis_path}, which 'overrides' fixes as well")
+
+
+def _parse_stage(raw: Any, index: int, earlier: list[Stage], root: Path) -> Stage:
+    if not isinstance(raw, dict):
+        raise SpecError(f"stages[{index}] must be a mapping with keys {', '.join(STAGE_KEYS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(STAGE_KEYS))
+    if unknown:
+        raise SpecError(
+            f"stages[{index}]: unknown key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(STAGE_KEYS)}"
+        )
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SpecError(f"stages[{index}].name must match [A-Za-z0-9_.-]+, got {name!r}")
+    if name in {s.name for s in earlier}:
+        raise SpecError(f"stages[{index}].name {name!r} is used by an earlier stage")
+    after = raw.get("after")
+    if after is not None and after not in {s.name for s in earlier}:
+        raise SpecError(
+            f"stage {name!r}: after {after!r} must name an earlier stage "
+            f"({', '.join(s.name for s in earlier) or 'none: the first stage cannot have after'})"
+        )
+    if "base" not in raw:
+        raise SpecError(f"stage {name!r}: 'base' is required: the fit config file(s) its runs start from")
+    where = f"stage {name!r}: "
+    try:
+        axes = _parse_axes(raw.get("axes"), optional=after is not None)
+        overrides = _parse_overrides(raw.get("overrides"))
+    except SpecError as err:
+        raise SpecError(f"{where}{err}") from None
+    _check_axes_vs_overrides(axes, overrides, where)
+    if after is not None:
+        if STUDENT_PATH in overrides or STUDENT_PATH in axes:
+            raise SpecError(
+                f"{where}{STUDENT_PATH} is set to the parent's export; do not set it (after: {after})"
+            )
+        inherited = _inherited_knobs(earlier, after)
+        clash = sorted(set(axes) & inherited)
+        if clash:
+            raise SpecError(
+                f"{where}axis {', '.join(map(repr, clash))} is already a knob of its parent stage {after!r} "
+                "(chained runs inherit the parent's settings)"
+            )
+    return Stage(name, _paths(raw["base"], f"stages[{index}].base", root), axes, overrides, after)
+
+
+def _inherited_knobs(stages: list[Stage], name: str) -> set[str]:
+    by_name = {s.name: s for s in stages}
+    knobs: set[str] = set()
+    while name is not None:
+        knobs |= set(by_name[name].axes)
+        name = by_name[name].after
+    return knobs
+
+
 def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) -> SweepSpec:
     """Validate a spec mapping (as loaded from YAML); relative paths resolve against `root` (cwd)."""
     root = Path.cwd() if root is None else root
     if not isinstance(data, dict):
         raise SpecError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
-    if "stages" in data:
-        raise SpecError("'stages' (chained stages, e.g. GRPO after distillation) is not supported yet")
     unknown = sorted(set(data) - set(SPEC_KEYS))
     if unknown:
         raise SpecError(
@@ -339,21 +435,34 @@ def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) ->
     name = data.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise SpecError(f"'name' must match [A-Za-z0-9_.-]+, got {name!r}")
-    if "base" not in data:
-        raise SpecError("'base' is required: the fit config file(s) every run starts from")
-    base = _paths(data["base"], "base", root)
     out = _paths(data.get("out", f"experiments/runs/{name}"), "out", root)
     if len(out) != 1:
         raise SpecError(f"'out' must be a single directory, got {data.get('out')!r}")
-    axes = _parse_axes(data.get("axes"))
-    overrides = _parse_overrides(data.get("overrides"))
-    for axis in axes:
-        axis_path = SHORTHANDS[axis].path if axis in SHORTHANDS else axis
-        if axis_path in overrides:
-            raise SpecError(f"axis {axis!r} sets {axis_path}, which 'overrides' fixes as well")
     slurm = data.get("slurm") or {}
     if not isinstance(slurm, dict):
         raise SpecError(f"'slurm' must be a mapping of sbatch options, got {slurm!r}")
+    if "stages" in data:
+        misplaced = sorted({"base", "axes", "overrides"} & set(data))
+        if misplaced:
+            raise SpecError(
+                f"with 'stages', put {', '.join(misplaced)} inside each stage, not at the top level"
+            )
+        raw = data["stages"]
+        if not isinstance(raw, list) or not raw:
+            raise SpecError(f"'stages' must be a non-empty list of stage mappings, got {raw!r}")
+        stages: list[Stage] = []
+        for i, entry in enumerate(raw):
+            stages.append(_parse_stage(entry, i, stages, root))
+        first = stages[0]
+        spec = SweepSpec(name, first.base, out[0], first.axes, first.overrides, dict(slurm), path, stages)
+        expand(spec)
+        return spec
+    if "base" not in data:
+        raise SpecError("'base' is required: the fit config file(s) every run starts from")
+    base = _paths(data["base"], "base", root)
+    axes = _parse_axes(data.get("axes"))
+    overrides = _parse_overrides(data.get("overrides"))
+    _check_axes_vs_overrides(axes, overrides, "")
     spec = SweepSpec(name, base, out[0], axes, overrides, dict(slurm), path)
     expand(spec)  # surface path collisions and name clashes now, before anything runs
     return spec
@@ -374,19 +483,60 @@ def load_spec(path: str | Path, out: str | Path | None = None) -> SweepSpec:
     return spec
 
 
-def expand(spec: SweepSpec) -> list[Run]:
-    """All runs of the grid, in spec order (the last axis varies fastest)."""
-    names = list(spec.axes)
-    runs, seen = [], {}
-    for combo in itertools.product(*(spec.axes[a] for a in names)):
+def _grid(axes: dict[str, list[Any]], fixed: dict[str, Any]) -> list[tuple[dict, dict]]:
+    """(settings, overrides) of every combination of `axes`, the last axis varying fastest."""
+    names = list(axes)
+    out = []
+    for combo in itertools.product(*(axes[a] for a in names)):
         settings = dict(zip(names, combo))
-        overrides = dict(spec.overrides)
+        overrides = dict(fixed)
         for axis, value in settings.items():
             overrides[SHORTHANDS[axis].path if axis in SHORTHANDS else axis] = config_value(axis, value)
         nest(overrides)
-        name = run_name(settings)
-        if name in seen:
-            raise SpecError(f"settings {settings} and {seen[name]} give the same run name {name!r}")
-        seen[name] = settings
-        runs.append(Run(name, spec.out / name, settings, overrides))
+        out.append((settings, overrides))
+    return out
+
+
+def _unique(runs: list[Run]) -> list[Run]:
+    seen: dict[str, dict] = {}
+    for run in runs:
+        if run.name in seen:
+            raise SpecError(
+                f"settings {run.settings} and {seen[run.name]} give the same run name {run.name!r}"
+            )
+        seen[run.name] = run.settings
     return runs
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """All runs of the grid, in spec order (the last axis varies fastest); with stages, stage by
+    stage, each chained run after its parent's stage."""
+    if not spec.stages:
+        return _unique(
+            [Run(run_name(s), spec.out / run_name(s), s, o) for s, o in _grid(spec.axes, spec.overrides)]
+        )
+    runs: list[Run] = []
+    by_stage: dict[str, list[Run]] = {}
+    for stage in spec.stages:
+        out = spec.out / stage.name
+        mine: list[Run] = []
+        parents = by_stage[stage.after] if stage.after else [None]
+        for parent in parents:
+            for own, overrides in _grid(stage.axes, stage.overrides):
+                settings = dict(own)
+                if parent is not None:
+                    settings = {**parent.settings, **own}
+                    overrides[STUDENT_PATH] = str(parent.run_dir / STUDENT_EXPORT)
+                    if "seed" in parent.settings and "seed" not in own and "seed_everything" not in overrides:
+                        overrides["seed_everything"] = parent.settings["seed"]
+                    nest(overrides)
+                name = run_name(settings)
+                after = parent.run_dir if parent is not None else None
+                mine.append(
+                    Run(
+                        f"{stage.name}/{name}", out / name, settings, overrides, stage.base, stage.name, after
+                    )
+                )
+        by_stage[stage.name] = mine
+        runs += mine
+    return _unique(runs)

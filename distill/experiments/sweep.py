@@ -4,7 +4,8 @@ Finished runs are skipped; a killed run resumes from its `checkpoints/last.ckpt`
 afresh (see `distill.experiments.rundirs`). Each fit runs as a subprocess with its output in
 `<run_dir>/fit.log` and `DISTILL_ROLLOUT_CACHE=<out>/rollout_cache`, so teacher rollouts are
 shared across runs. A failed run is reported and the sweep goes on; the exit code is 1 if any
-run failed.
+run failed. In a staged spec a chained run waits until its parent has finished; when the parent
+fails (or is not part of this invocation and unfinished), the chained run fails with exit code -2.
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ class Progress:
             self.stream.flush()
 
 
+def _write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
-    spec.out.mkdir(parents=True, exist_ok=True)
     record = {
         "name": spec.name,
         "spec": str(spec.path) if spec.path else None,
@@ -72,9 +79,29 @@ def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
         "overrides": spec.overrides,
         "runs": [run.name for run in runs],
     }
-    tmp = spec.out / "sweep.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, spec.out / "sweep.json")
+    if spec.stages:
+        # Each stage directory reads as a sweep of its own (the report's knob order comes from
+        # its axes: a chained stage's are its parents' plus its own).
+        axes: dict[str, dict] = {}
+        for stage in spec.stages:
+            axes[stage.name] = {**(axes[stage.after] if stage.after else {}), **stage.axes}
+            _write_json(
+                spec.out / stage.name / "sweep.json",
+                {
+                    "name": f"{spec.name}/{stage.name}",
+                    "stage": stage.name,
+                    "after": stage.after,
+                    "base": [str(p) for p in stage.base],
+                    "axes": axes[stage.name],
+                    "overrides": stage.overrides,
+                    "runs": [run.name for run in runs if run.stage == stage.name],
+                },
+            )
+        record["stages"] = [
+            {"name": st.name, "after": st.after, "base": [str(p) for p in st.base], "axes": st.axes}
+            for st in spec.stages
+        ]
+    _write_json(spec.out / "sweep.json", record)
 
 
 def run_sweep(
@@ -96,12 +123,25 @@ def run_sweep(
     progress.done = len(result.skipped)
     if result.skipped:
         progress.message(f"[sweep] {len(result.skipped)} run(s) already finished, skipped")
-    pending.reverse()  # pop() from the end keeps spec order
     active: dict[str, tuple[subprocess.Popen, Run, Path]] = {}
+    lost: set[Path] = set()  # run dirs that will not finish in this invocation (failed or blocked)
     try:
         while pending or active:
-            while pending and len(active) < jobs:
-                run = pending.pop()
+            waiting = {r.run_dir for r in pending} | {r.run_dir for _, r, _ in active.values()}
+            for run in list(pending):  # spec order; a chained run only once its parent finished
+                if len(active) >= jobs:
+                    break
+                if run.after is not None and not rundirs.is_finished(run.after):
+                    if run.after in waiting - lost:
+                        continue
+                    pending.remove(run)
+                    lost.add(run.run_dir)
+                    log_path = run.after / rundirs.FIT_LOG
+                    result.failed.append((run.name, -2, log_path))
+                    progress.failed += 1
+                    progress.message(f"[sweep] FAILED {run.name} (its parent {run.after} did not finish)")
+                    continue
+                pending.remove(run)
                 state = rundirs.prepare_run_dir(run, spec.name)
                 cmd = rundirs.fit_command(run, spec.base, fit_prefix)
                 log_path = run.run_dir / rundirs.FIT_LOG
@@ -127,6 +167,7 @@ def run_sweep(
                 if code == 0:  # exited cleanly but never wrote a finished metrics.json
                     code = -1
                 result.failed.append((name, code, log_path))
+                lost.add(run.run_dir)
                 progress.failed += 1
                 why = "no finished metrics.json" if code == -1 else f"exit code {code}"
                 progress.message(f"[sweep] FAILED {name} ({why}); log: {log_path}")
@@ -195,6 +236,13 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
             return 2
         runs = [by_name[name] for name in args.only]
     if args.emit_slurm:
+        if spec.stages:
+            print(
+                "distill sweep: --emit-slurm does not handle chained stages (array tasks cannot wait for "
+                "their parents); run `distill sweep SPEC --jobs N` inside one allocation instead",
+                file=sys.stderr,
+            )
+            return 2
         try:
             options = slurm_options(spec.slurm, args)
             prefix = list(fit_prefix) if custom_prefix else None

@@ -122,7 +122,7 @@ def test_bad_axes_raise_clear_errors(tmp_path, axes, match):
     [
         ({"name": "a b"}, "'name' must match"),
         ({"base": []}, "'base' must be a config path"),
-        ({"stages": [{}]}, "'stages'.*not supported yet"),
+        ({"stages": [{}]}, "with 'stages', put axes, base inside each stage"),
         ({"axis": {}}, "unknown spec key.*axis"),
         (
             {"overrides": {"lr": 1e-3}, "axes": {"lr": [1e-4]}},

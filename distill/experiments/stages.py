@@ -1,0 +1,151 @@
+"""Reports of staged sweeps (`stages:` in the spec): one report per stage, and before/after.
+
+`<out>/report/report.md` links each stage's own report (`<out>/report/<stage>/report.md`, written
+by `build_report` on `<out>/<stage>` as for any sweep) and, for each chained stage, compares every
+chained run with its parent run: accuracy on each test set before (the parent, e.g. the distilled
+student) and after (e.g. RLVR from it), and the paired change, grouped by the parent's knobs (by
+default divergence x mix, i.e. by rollout policy and divergence). Cells are mean ± sample std
+(n pairs) over seeds and over any knob not shown; the change is averaged per pair.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from distill.experiments.analysis import summarize
+from distill.experiments.records import REPLICATE, RunRecord, knob_values, load_records
+from distill.experiments.rundirs import SETTINGS
+from distill.experiments.spec import format_value
+
+PREFERRED = ("divergence", "mix")
+
+
+def read_stages(sweep_dir: Path) -> list[dict[str, Any]] | None:
+    """The `stages` list of a sweep directory's `sweep.json`, or None for a single-stage sweep."""
+    try:
+        record = json.loads((Path(sweep_dir) / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return None
+    stages = record.get("stages") if isinstance(record, dict) else None
+    return stages if isinstance(stages, list) and stages else None
+
+
+def _parent(record: RunRecord) -> str | None:
+    try:
+        after = json.loads((record.run_dir / SETTINGS).read_text()).get("after")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return after.get("run") if isinstance(after, dict) else None
+
+
+def _spread(std: float) -> float:
+    return std if std > 1e-12 else 0.0  # equal pairs: no floating-point residue in the table
+
+
+def _cell(values: list[float]) -> str:
+    mean, std, n = summarize(values)
+    if n == 0:
+        return "—"
+    return f"{mean:.3g} ({n})" if n == 1 else f"{mean:.3g} ± {_spread(std):.2g} ({n})"
+
+
+def _signed(values: list[float]) -> str:
+    mean, std, n = summarize(values)
+    if n == 0:
+        return "—"
+    return f"{mean:+.3g} ({n})" if n == 1 else f"{mean:+.3g} ± {_spread(std):.2g} ({n})"
+
+
+def pairs(parents: list[RunRecord], children: list[RunRecord]) -> list[tuple[RunRecord, RunRecord]]:
+    """(parent, chained run) for every finished chained run whose parent finished."""
+    by_name = {r.name: r for r in parents if r.finished}
+    return [(by_name[_parent(c)], c) for c in children if c.finished and _parent(c) in by_name]
+
+
+def before_after(
+    before: str, after: str, matched: list[tuple[RunRecord, RunRecord]], sweep_dir: Path
+) -> list[str]:
+    """The before/after section of one chained stage (`after`) against its parent stage."""
+    lines = [f"## Before/after: {before} → {after}", ""]
+    if not matched:
+        return lines + [f"No finished `{after}` run with a finished parent in `{before}` yet.", ""]
+    knobs = knob_values([p for p, _ in matched], sweep_dir / before)
+    varying = [k for k, v in knobs.items() if len(v) > 1 and k != REPLICATE]
+    shown = [k for k in PREFERRED if k in varying] or varying[:2]
+    pooled = [k for k in varying if k not in shown]
+    sets = sorted(
+        {m.split("/")[1] for p, c in matched for m in p.metrics if re.fullmatch(r"test/[^/]+/accuracy", m)}
+        & {m.split("/")[1] for p, c in matched for m in c.metrics if re.fullmatch(r"test/[^/]+/accuracy", m)},
+        key=lambda s: (s != "countdown3", s),
+    )
+    lines += [
+        f"Test accuracy of each `{before}` run (before) and of the `{after}` run started from it "
+        f"(after), by {' × '.join(shown) or 'run'} of the `{before}` stage; Δ is after − before per "
+        "pair. Mean ± std (n pairs) over seeds" + (f", pooled over {', '.join(pooled)}." if pooled else "."),
+        "",
+    ]
+    groups: list[dict[str, Any]] = [{}]
+    for knob in shown:
+        groups = [g | {knob: v} for g in groups for v in knobs[knob]]
+    header = [" · ".join(shown) or "all pairs"]
+    for s in sets:
+        header += [f"{s} before", f"{s} after", f"{s} Δ"]
+    rows = []
+    for where in groups:
+        chosen = [
+            (p, c)
+            for p, c in matched
+            if all(format_value(p.settings.get(k)) == format_value(v) for k, v in where.items())
+        ]
+        if not chosen:
+            continue
+        row = [", ".join(f"{k}={format_value(v)}" for k, v in where.items()) or "all pairs"]
+        for s in sets:
+            metric = f"test/{s}/accuracy"
+            both = [
+                (p.metrics[metric], c.metrics[metric])
+                for p, c in chosen
+                if metric in p.metrics and metric in c.metrics
+            ]
+            row += [
+                _cell([b for b, _ in both]),
+                _cell([a for _, a in both]),
+                _signed([a - b for b, a in both]),
+            ]
+        rows.append(row)
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def build_staged_report(
+    sweep_dir: Path, out: Path, stages: list[dict[str, Any]], build_report: Callable[..., Path], **options
+) -> Path:
+    """Each stage's report under `out/<stage>/`, then `out/report.md` with the before/after sections."""
+    sweep_dir, out = Path(sweep_dir), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Sweep report: {sweep_dir.name} (chained stages)", ""]
+    records: dict[str, list[RunRecord]] = {}
+    for stage in stages:
+        name = stage["name"]
+        stage_dir = sweep_dir / name
+        records[name] = load_records(stage_dir) if stage_dir.is_dir() else []
+        done = sum(r.finished for r in records[name])
+        chained = f" (from `{stage['after']}`)" if stage.get("after") else ""
+        if records[name]:
+            build_report(stage_dir, out / name, **options)
+            link = f"[{name}/report.md]({name}/report.md)"
+        else:
+            link = "no runs yet"
+        lines.append(f"- stage `{name}`{chained}: {done} of {len(records[name])} runs finished; {link}")
+    lines.append("")
+    for stage in stages:
+        if stage.get("after"):
+            matched = pairs(records[stage["after"]], records[stage["name"]])
+            lines += before_after(stage["after"], stage["name"], matched, sweep_dir)
+    (out / "report.md").write_text("\n".join(lines))
+    return out / "report.md"
