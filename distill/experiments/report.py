@@ -341,5 +341,6 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"distill report: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {path} and {path.parent / 'runs.csv'}")
+    tables = sorted(str(p) for p in path.parent.glob("**/runs.csv"))
+    print(f"wrote {path} and {', '.join(tables)}")
     return 0

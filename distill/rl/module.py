@@ -130,40 +130,23 @@ class GRPOModule(L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        _check(
-            isinstance(num_iterations, int) and num_iterations >= 1,
-            "num_iterations",
-            num_iterations,
-            "an integer >= 1",
-        )
-        _check(0 < clip_epsilon < 1, "clip_epsilon", clip_epsilon, "in (0, 1)")
-        _check(
-            clip_epsilon_high is None or clip_epsilon_high > 0,
-            "clip_epsilon_high",
-            clip_epsilon_high,
-            "None or > 0",
-        )
-        _check(kl_coef >= 0 and math.isfinite(kl_coef), "kl_coef", kl_coef, "a finite number >= 0")
-        _check(kl_estimator in KL_ESTIMATORS, "kl_estimator", kl_estimator, f"one of {list(KL_ESTIMATORS)}")
-        _check(advantage_epsilon >= 0, "advantage_epsilon", advantage_epsilon, ">= 0")
-        _check(
-            micro_batch_size is None or (isinstance(micro_batch_size, int) and micro_batch_size >= 1),
-            "micro_batch_size",
-            micro_batch_size,
-            "None or an integer >= 1",
-        )
-        _check(
-            gradient_clip_val is None or gradient_clip_val > 0,
-            "gradient_clip_val",
-            gradient_clip_val,
-            "None or > 0",
-        )
-        _check(
-            isinstance(log_text_every, int) and log_text_every >= 0,
-            "log_text_every",
-            log_text_every,
-            "an integer >= 0",
-        )
+        for field, ok, allowed in (
+            ("num_iterations", isinstance(num_iterations, int) and num_iterations >= 1, "an integer >= 1"),
+            ("clip_epsilon", 0 < clip_epsilon < 1, "in (0, 1)"),
+            ("clip_epsilon_high", clip_epsilon_high is None or clip_epsilon_high > 0, "None or > 0"),
+            ("kl_coef", kl_coef >= 0 and math.isfinite(kl_coef), "a finite number >= 0"),
+            ("kl_estimator", kl_estimator in KL_ESTIMATORS, f"one of {list(KL_ESTIMATORS)}"),
+            ("advantage_epsilon", advantage_epsilon >= 0, ">= 0"),
+            (
+                "micro_batch_size",
+                micro_batch_size is None or (isinstance(micro_batch_size, int) and micro_batch_size >= 1),
+                "None or an integer >= 1",
+            ),
+            ("gradient_clip_val", gradient_clip_val is None or gradient_clip_val > 0, "None or > 0"),
+            ("log_text_every", isinstance(log_text_every, int) and log_text_every >= 0, "an integer >= 0"),
+        ):
+            if not ok:
+                raise ValueError(f"model.{field} must be {allowed}, got {locals()[field]!r}")
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(reference_dtype, "model.reference_dtype")
         self.student_path = check_model_path(student, "model.student")
@@ -427,11 +410,6 @@ class GRPOModule(L.LightningModule):
         self.student.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
-
-
-def _check(ok: bool, field: str, value, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"model.{field} must be {allowed}, got {value!r}")
 
 
 def _drop_reference(module, state_dict, prefix, local_metadata):

@@ -123,3 +123,32 @@ def test_zero_advantages_and_no_penalty_give_no_gradient(rollouts, policy_dir):
     step.advantages = torch.zeros(12)
     module.accumulate_gradients(step, first=True)
     assert all(float(g.abs().max()) == 0.0 for g in _grads(module))
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"group_size": 1}, "data.group_size must be >= 2 for GRPO"),
+        ({"group_size": 4, "temperature": 0.0}, "data.temperature must be > 0 for GRPO"),
+    ],
+)
+def test_fit_start_checks_the_data_settings(policy_dir, options, match):
+    from types import SimpleNamespace
+
+    from distill.data import RolloutDataModule
+
+    module = GRPOModule(student=policy_dir)
+    module._trainer = SimpleNamespace(datamodule=RolloutDataModule(**options))
+    with pytest.raises(ValueError, match=match):
+        module.on_fit_start()
+
+
+def test_ratios_use_the_sampling_temperature(policy_dir):
+    from types import SimpleNamespace
+
+    from distill.data import RolloutDataModule
+
+    module = GRPOModule(student=policy_dir)
+    module._trainer = SimpleNamespace(datamodule=RolloutDataModule(group_size=2, temperature=0.7))
+    module.on_fit_start()
+    assert module.temperature == 0.7
