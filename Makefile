@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench
+.PHONY: help setup test test-fast lint tiny-world bench demo sweep-tiny sweep-paper-llama sweep-paper-qwen report tensorboard
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev extra
 	$(PY) -m venv $(VENV)
@@ -27,3 +27,30 @@ lint: ## ruff
 
 tiny-world: ## build the CPU tiny world (teacher + student) unless already built
 	$(BIN)/distill tiny-world
+
+bench: ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
+	$(BIN)/python benchmarks/losses.py
+
+demo: ## tiny world (if needed) + a 4-run grid + its report, on CPU
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/demo.yaml --jobs 2
+	$(BIN)/distill report experiments/runs/demo
+	@echo "report: experiments/runs/demo/report/report.md"
+
+sweep-tiny: ## the full tiny-world grid (5 mixes x 2 KLs x 3 LRs x 2 seeds = 60 runs; resumable)
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2
+	$(BIN)/distill report experiments/runs/tiny_grid
+
+sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_llama.yaml
+
+sweep-paper-qwen: ## the paper grid on Qwen2.5-7B -> Qwen2.5-1.5B (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_qwen.yaml
+
+SWEEP ?= experiments/runs/tiny_grid
+report: ## tables, plots and factor analysis of SWEEP (default experiments/runs/tiny_grid)
+	$(BIN)/distill report $(SWEEP)
+
+tensorboard: ## TensorBoard over runs/ and experiments/runs/
+	$(BIN)/tensorboard --logdir_spec runs:runs,sweeps:experiments/runs
