@@ -15,6 +15,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +28,11 @@ from transformers import LlamaForCausalLM
 
 from distill.models.evaluation import countdown_eval, prior_accuracy
 from distill.models.tiny import char_tokenizer, llama_config
+from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior
+
+# The committed full build (package data), installed by `distill tiny-world` without retraining.
+ASSETS = Path(__file__).parent / "assets" / "tiny-world"
 
 
 @dataclass(frozen=True)
@@ -213,26 +219,33 @@ def _is_built(out: Path, recipe: Recipe) -> bool:
 
 
 def build(out: Path, recipe: Recipe = FULL, force: bool = False) -> dict:
-    """Build (or reuse) a tiny world in `out`; returns the quality figures."""
+    """Build (or reuse) a tiny world in `out`; returns the quality figures.
+
+    Without `force`, a world already in `out` with the same recipe is reused, and the full recipe
+    is installed from the committed build (`ASSETS`, byte-identical to what training produces here,
+    see `verify`) instead of retrained."""
     out = Path(out)
     if not force and _is_built(out, recipe):
-        quality = json.loads((out / "quality.json").read_text())
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
-        return quality
+        return json.loads((out / "quality.json").read_text())
+    if not force and _is_built(ASSETS, recipe):
+        print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
+        for name in ("teacher", "student"):
+            _replace_dir(out / name, lambda tmp, name=name: shutil.copytree(ASSETS / name, tmp))
+        shutil.copyfile(ASSETS / "quality.json", out / "quality.json")
+        return json.loads((out / "quality.json").read_text())
     torch.set_num_threads(recipe.threads)
     start = time.time()
     tokenizer = char_tokenizer()
     quality: dict = {}
+    (out / "quality.json").unlink(missing_ok=True)  # the world is unfinished until it is rewritten
     for name in ("teacher", "student"):
         t0 = time.time()
         model = train_model(getattr(recipe, name), tokenizer, recipe.seed, name)
         quality[f"{name}_train_seconds"] = round(time.time() - t0, 1)
-        # Save to a temporary folder and rename, so an interrupted build never looks finished.
-        tmp = out / f".{name}.tmp"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (out / name).exists() and _rmtree(out / name)
-        os.replace(tmp, out / name)
+        _replace_dir(
+            out / name, lambda tmp, model=model: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp))
+        )
         problems = countdown.generate(recipe.eval_problems, seed=0)
         scores = countdown_eval(model, tokenizer, problems)
         quality[f"{name}_countdown3"] = scores["accuracy"]
@@ -245,15 +258,37 @@ def build(out: Path, recipe: Recipe = FULL, force: bool = False) -> dict:
             quality.update({f"student_prior_{t}": v for t, v in per_task.items()})
             quality["student_prior"] = min(per_task.values())
     quality["build_seconds"] = round(time.time() - start, 1)
+    quality["threads"] = torch.get_num_threads()
     quality["recipe"] = asdict(recipe)
-    (out / "quality.json").write_text(json.dumps(quality, indent=2) + "\n")
+    write_json_atomic(out / "quality.json", quality)
     return quality
 
 
-def _rmtree(path: Path) -> None:
-    import shutil
+def _replace_dir(target: Path, fill) -> None:
+    """Fill a temporary folder, then swap it in: an interrupted build never leaves a half model."""
+    tmp = target.parent / f".{target.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fill(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
 
-    shutil.rmtree(path)
+
+def verify(recipe: Recipe = FULL, committed: Path | None = None) -> bool:
+    """Retrain `recipe` from scratch and check that every weight equals the committed build's."""
+    committed = Path(committed or ASSETS)
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build(Path(tmp), recipe, force=True)
+        same = True
+        for name in ("teacher", "student"):
+            ours = load_file(Path(tmp) / name / "model.safetensors")
+            theirs = load_file(committed / name / "model.safetensors")
+            equal = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+            print(f"[tiny-world] {name}: {'identical to' if equal else 'DIFFERS from'} the committed build")
+            same &= equal
+    return same
 
 
 def main(argv: list[str] | None = None) -> int:

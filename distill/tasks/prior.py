@@ -46,13 +46,13 @@ def answer(task: str, query: str) -> str:
 
 
 def generate(task: str, n: int, seed: int = 0) -> list[Example]:
-    """`n` examples, deterministic in (`task`, `seed`): addends of 1-3 digits; 3-8 lowercase letters."""
+    """`n` examples, deterministic in (`task`, `seed`): addends of 1-2 digits; 3-8 lowercase letters."""
     _check(task)
     rng = random.Random(f"prior/{task}/{seed}")
     out = []
     for _ in range(n):
         if task == "addition":
-            a, b = (rng.randint(0, 10 ** rng.randint(1, 3) - 1) for _ in range(2))
+            a, b = (rng.randint(0, 10 ** rng.randint(1, 2) - 1) for _ in range(2))
             query = f"{a}+{b}"
         else:
             query = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))

@@ -65,3 +65,33 @@ def test_cli_builds_a_quick_world(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "teacher_countdown3" in proc.stdout
     assert (out / "teacher" / "model.safetensors").exists() and (out / "quality.json").exists()
+
+
+def test_committed_build_is_installed_without_training(quick_world, tmp_path, monkeypatch):
+    import distill.models.tiny_world as tw
+
+    monkeypatch.setattr(tw, "ASSETS", quick_world)
+    monkeypatch.setattr(tw, "train_model", lambda *a, **k: pytest.fail("installing must not train"))
+    out = tmp_path / "installed"
+    quality = tw.build(out, tw.QUICK)
+    assert quality == json.loads((quick_world / "quality.json").read_text())
+    for name in ("teacher", "student"):
+        assert (out / name / "model.safetensors").read_bytes() == (quick_world / name / "model.safetensors").read_bytes()
+
+
+def test_verify_detects_a_changed_weight(quick_world, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import distill.models.tiny_world as tw
+
+    assert tw.verify(tw.QUICK, committed=quick_world)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(quick_world, tampered)
+    weights = load_file(tampered / "student" / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += 1e-6
+    save_file(weights, tampered / "student" / "model.safetensors", metadata={"format": "pt"})
+    assert not tw.verify(tw.QUICK, committed=tampered)
