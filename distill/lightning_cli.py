@@ -14,8 +14,8 @@ is loaded with one line naming the field, the value and what is allowed.
 from __future__ import annotations
 
 import sys
-import warnings
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L

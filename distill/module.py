@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.losses import ForwardKL, TokenDivergence, step_token_count, token_statistics
+from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_model_path,
     check_same_tokenizer,
@@ -28,6 +29,7 @@ from distill.models.loading import (
     load_tokenizer,
     resolve_dtype,
 )
+from distill.tasks.registry import get_task
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
@@ -96,7 +98,7 @@ class DistillationModule(L.LightningModule):
         # Set by a measurement callback (GradientStats) to receive dL/dz of the student's logits:
         # `sink.record(grad [b, T-1, V], completion_mask, teacher_token_mask, num_items)` per micro-batch.
         self.logit_grad_sink = None
-        self._register_state_dict_hook(_drop_teacher)
+        self._register_state_dict_hook(drop_from_state_dict("teacher"))
 
     # --- models -----------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -127,10 +129,7 @@ class DistillationModule(L.LightningModule):
         }
 
     def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
-        """Logits over the real vocabulary predicting tokens 1..T-1 (`[B, T-1, V]`)."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        return logits[:, :-1, : self.vocab_size]
+        return causal_logits(model, input_ids, attention_mask, self.vocab_size)
 
     def pair_logits(self, input_ids, attention_mask):
         """(student, teacher) logits; the teacher's under no_grad (not inference_mode: they meet autograd)."""
@@ -227,8 +226,6 @@ class DistillationModule(L.LightningModule):
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:
         rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
-        from distill.tasks.registry import get_task
-
         texts = rollout.completions(self.tokenizer)
         scores = [get_task(task).score(t, r) for t, r in zip(texts, rows)]
         n = len(rows)
@@ -254,13 +251,4 @@ class DistillationModule(L.LightningModule):
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:
         """`save_pretrained` the student and its tokenizer (loadable with the Auto* classes)."""
-        path = Path(path)
-        self.student.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        return path
-
-
-def _drop_teacher(module, state_dict, prefix, local_metadata):
-    for key in [k for k in state_dict if k.startswith(prefix + "teacher.")]:
-        del state_dict[key]
-    return state_dict
+        return export_pretrained(self.student, self.tokenizer, path)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from distill.data.module import PromptCollator
+from distill.models.forward import causal_logits
 from distill.rollout import RolloutBatch, RolloutSampler
 from distill.rollout.decoding import eval_no_grad
 
@@ -55,10 +56,8 @@ def student_rollouts(
 def next_token_logits(model, input_ids: Tensor, attention_mask: Tensor, vocab_size: int) -> Tensor:
     """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1, in eval mode without gradients
     (positions counted from each row's first real token, as in training)."""
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with eval_no_grad(model):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    return logits[:, :-1, :vocab_size]
+        return causal_logits(model, input_ids, attention_mask, vocab_size)
 
 
 def log_scalars(trainer, metrics: dict[str, float], step: int | None = None) -> None:

@@ -37,6 +37,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.losses import step_token_count, token_statistics
+from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_model_path,
     check_same_tokenizer,
@@ -168,7 +169,7 @@ class GRPOModule(L.LightningModule):
         self.teacher = None  # GRPO has no teacher; measurement callbacks must tolerate None
         self.logit_grad_sink = None  # as in DistillationModule: receives dL/dz of the policy's logits
         self.temperature = 1.0  # the sampling temperature, read from the DataModule at fit start
-        self._register_state_dict_hook(_drop_reference)
+        self._register_state_dict_hook(drop_from_state_dict("reference"))
 
     # --- models -----------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -216,10 +217,7 @@ class GRPOModule(L.LightningModule):
         }
 
     def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
-        """Logits over the real vocabulary predicting tokens 1..T-1 (`[B, T-1, V]`)."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        return logits[:, :-1, : self.vocab_size]
+        return causal_logits(model, input_ids, attention_mask, self.vocab_size)
 
     # --- training ---------------------------------------------------------------------------------
     def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
@@ -406,13 +404,4 @@ class GRPOModule(L.LightningModule):
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:
         """`save_pretrained` the policy and its tokenizer (loadable with the Auto* classes)."""
-        path = Path(path)
-        self.student.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        return path
-
-
-def _drop_reference(module, state_dict, prefix, local_metadata):
-    for key in [k for k in state_dict if k.startswith(prefix + "reference.")]:
-        del state_dict[key]
-    return state_dict
+        return export_pretrained(self.student, self.tokenizer, path)
