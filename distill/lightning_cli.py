@@ -64,7 +64,9 @@ class DistillCLI(LightningCLI):
         ckpt = self.config.ckpt_path
         if command != "fit":
             results = getattr(self.trainer, command)(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
-            return _flatten(results)
+            metrics = _flatten(results)
+            write_json_atomic(run_dir / f"{command}_metrics.json", {"metrics": metrics})
+            return metrics
         self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
         if self.trainer.interrupted:
             return {}
@@ -144,6 +146,8 @@ def run_lightning_cli(argv: list[str]) -> dict:
     command, args = argv[0], argv[1:]
     # `distill fit ARGS` hands ARGS to LightningCLI explicitly; its warning about sys.argv is moot.
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
+    # The frozen teacher (or GRPO's reference) is in eval mode on purpose.
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
     try:
         args = expand_bases(args)
         cli = DistillCLI(
