@@ -76,7 +76,9 @@ def test_committed_build_is_installed_without_training(quick_world, tmp_path, mo
     quality = tw.build(out, tw.QUICK)
     assert quality == json.loads((quick_world / "quality.json").read_text())
     for name in ("teacher", "student"):
-        assert (out / name / "model.safetensors").read_bytes() == (quick_world / name / "model.safetensors").read_bytes()
+        assert (out / name / "model.safetensors").read_bytes() == (
+            quick_world / name / "model.safetensors"
+        ).read_bytes()
 
 
 def test_verify_detects_a_changed_weight(quick_world, tmp_path):
