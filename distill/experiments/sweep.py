@@ -29,6 +29,18 @@ from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
 
 ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
+
+
+def child_env(out: Path, jobs: int, cpus: int | None = None) -> dict[str, str]:
+    """Environment of each fit: the shared teacher-rollout cache and, unless the caller set it, an
+    equal share of the CPU cores as OpenMP threads. Oversubscribed OpenMP threads spin against each
+    other: two 2-thread fits on 2 cores ran 4-6 times slower than one after the other."""
+    env = dict(os.environ, **{ROLLOUT_CACHE_ENV: str(out / "rollout_cache")})
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (cpus or os.cpu_count() or 1) // max(1, jobs)))
+    return env
+
+
 POLL_S = 0.1
 
 
@@ -115,7 +127,7 @@ def run_sweep(
     stream = sys.stdout if stream is None else stream
     result = SweepResult()
     _write_sweep_record(spec, runs)
-    env = dict(os.environ, **{ROLLOUT_CACHE_ENV: str(spec.out / "rollout_cache")})
+    env = child_env(spec.out, jobs)
     pending = []
     for run in runs:
         (result.skipped if rundirs.is_finished(run.run_dir) else pending).append(run)

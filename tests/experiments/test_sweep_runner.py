@@ -173,3 +173,15 @@ def test_only_runs_the_named_run(grid_spec, fake_fit, tmp_path, capsys):
     assert [rundirs.is_finished(tmp_path / "runs" / n) for n in NAMES] == [False, False, True, False]
     assert main([str(grid_spec), "--only", "mix=9"], fit_prefix=fake_fit) == 2
     assert "no run named mix=9" in capsys.readouterr().err
+
+
+def test_children_share_the_cores_unless_told_otherwise(tmp_path, monkeypatch):
+    from distill.experiments.sweep import ROLLOUT_CACHE_ENV, child_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert child_env(tmp_path, jobs=2, cpus=2)["OMP_NUM_THREADS"] == "1"
+    assert child_env(tmp_path, jobs=1, cpus=8)["OMP_NUM_THREADS"] == "8"
+    assert child_env(tmp_path, jobs=16, cpus=2)["OMP_NUM_THREADS"] == "1"
+    assert child_env(tmp_path, jobs=2, cpus=2)[ROLLOUT_CACHE_ENV] == str(tmp_path / "rollout_cache")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert child_env(tmp_path, jobs=2, cpus=2)["OMP_NUM_THREADS"] == "3"
