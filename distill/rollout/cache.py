@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from distill.runinfo import write_json_atomic
 
 # How many evenly spaced elements of each sampled parameter enter the fingerprint.
 _FINGERPRINT_ELEMENTS = 4096
@@ -87,15 +88,4 @@ class RolloutCache:
             return None
 
     def put(self, key: str, tokens: list[int]) -> None:
-        target = self.path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": key, "tokens": [int(t) for t in tokens]}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(self.path(key), {"key": key, "tokens": [int(t) for t in tokens]})
