@@ -28,6 +28,7 @@ from distill.models.loading import (
     load_model,
     load_tokenizer,
     resolve_dtype,
+    vocab_size,
 )
 from distill.tasks.registry import get_task
 
@@ -106,9 +107,7 @@ class DistillationModule(L.LightningModule):
             return
         self.student = load_model(self.student_path, self.hparams.student_dtype, trainable=True)
         self.teacher = load_model(self.teacher_path, self.hparams.teacher_dtype, trainable=False)
-        from distill.models.loading import vocab_size
-
-        vocab_size(self.tokenizer, self.student, self.teacher)
+        vocab_size(self.tokenizer, self.student, self.teacher)  # both cover the tokenizer
 
     def on_train_start(self) -> None:
         # The Trainer restores each submodule's mode (Lightning >= 2.2): keep the teacher in eval.
