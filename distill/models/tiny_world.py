@@ -303,9 +303,16 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="a low-quality world in under a minute (for tests)"
     )
     parser.add_argument(
-        "--force", action="store_true", help="rebuild even if a world with this recipe exists"
+        "--force", action="store_true", help="retrain even if a world with this recipe exists"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="retrain the full recipe in a temporary folder and compare every tensor with the committed build",
     )
     args = parser.parse_args(argv)
+    if args.verify:
+        return 0 if verify() else 1
     out = args.out or default_dir()
     quality = build(out, QUICK if args.quick else FULL, force=args.force)
     shown = {k: v for k, v in quality.items() if k != "recipe"}

@@ -97,3 +97,12 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path):
     weights[name].view(-1)[0] += 1e-6
     save_file(weights, tampered / "student" / "model.safetensors", metadata={"format": "pt"})
     assert not tw.verify(tw.QUICK, committed=tampered)
+
+
+def test_verify_flag_reports_through_the_exit_code(monkeypatch):
+    import distill.models.tiny_world as tw
+
+    monkeypatch.setattr(tw, "verify", lambda: True)
+    assert tw.main(["--verify"]) == 0
+    monkeypatch.setattr(tw, "verify", lambda: False)
+    assert tw.main(["--verify"]) == 1
