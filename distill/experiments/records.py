@@ -42,6 +42,7 @@ HEADLINE = (
     "cost/student_generated_tokens",
 )
 CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss")
+CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.archive), without event files
 _CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
 
 
@@ -178,14 +179,26 @@ def write_csv(records: list[RunRecord], path: Path, knobs: list[str], metrics: l
             writer.writerow([r.name, str(r.finished).lower(), *settings, *values])
 
 
+def _read_curves_csv(path: Path, tags: tuple[str, ...]) -> dict[str, tuple[list[int], list[float]]]:
+    points: dict[str, dict[int, float]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            value = float(row["value"])
+            if row["tag"] in tags and math.isfinite(value):
+                points.setdefault(row["tag"], {})[int(row["step"])] = value
+    return {tag: (sorted(p), [p[s] for s in sorted(p)]) for tag, p in points.items()}
+
+
 def read_curves(
     run_dir: Path, tags: tuple[str, ...] = CURVE_TAGS
 ) -> dict[str, tuple[list[int], list[float]]]:
-    """Scalar curves (steps, values) from the TensorBoard event files under `<run_dir>/tensorboard`;
-    empty when there are none. A resumed run may write several files: later values win per step."""
+    """Scalar curves (steps, values) from the TensorBoard event files under `<run_dir>/tensorboard`,
+    or, when there are none, from an archived run's `curves.csv`; empty when neither exists.
+    A resumed run may write several event files: later values win per step."""
     event_dirs = sorted({p.parent for p in (Path(run_dir) / "tensorboard").rglob("events.out.tfevents.*")})
     if not event_dirs:
-        return {}
+        csv_path = Path(run_dir) / CURVES
+        return _read_curves_csv(csv_path, tags) if csv_path.is_file() else {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     points: dict[str, dict[int, float]] = {}

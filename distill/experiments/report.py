@@ -1,4 +1,4 @@
-"""`distill report SWEEP_DIR [--out DIR]`: tables, plots and factor importance of a sweep.
+"""`distill report SWEEP_DIR [--out DIR] [--archive DEST]`: tables, plots and factor importance of a sweep.
 
 Reads every run's `metrics.json` and settings (see `distill.experiments.records`) and writes,
 into `--out` (default `SWEEP_DIR/report`):
@@ -12,8 +12,13 @@ into `--out` (default `SWEEP_DIR/report`):
   the interaction and seed shares; see `distill.experiments.analysis`); cost per run and per
   accuracy point; the plots;
 - `plots/*.png`: heatmaps divergence x mix, curves against learning rate, accuracy against mix
-  per divergence with seed error bars, and training curves of the KLs when TensorBoard event
-  files are present (the report works from committed files alone and then skips them).
+  per divergence with seed error bars, and training curves of the KLs from the TensorBoard event
+  files, or from an archived run's `curves.csv` (skipped when a run has neither).
+
+`--archive DEST` first copies the committable part of the sweep into DEST (settings, resolved
+configs, environments, metrics and curves; no checkpoints or event files; see
+`distill.experiments.archive`) and then writes the report from DEST (into `DEST/report` unless
+`--out` is given), so `distill report DEST` regenerates it from a git checkout.
 
 A staged sweep (`stages:` in the spec) gets `report.md` with a link to each stage's report
 (`<stage>/report.md`, as above) and a before/after section per chained stage (accuracy of each
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.experiments import stages
+from distill.experiments.archive import ArchiveError, archive
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance, summarize
 from distill.experiments.records import (
     CURVE_TAGS,
@@ -318,7 +324,7 @@ def build_report(
             lines += ["## Plots", "", "Error bars: std over seeds (and over any pooled knob).", ""]
             lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
         if not any(p.name == "training_curves.png" for p in paths):
-            lines += [f"No TensorBoard scalars {', '.join(CURVE_TAGS)} found: training curves skipped.", ""]
+            lines += [f"No curves {', '.join(CURVE_TAGS)} (TensorBoard events or curves.csv) found: training curves skipped.", ""]
     (out / "report.md").write_text("\n".join(lines))
     return out / "report.md"
 
@@ -332,13 +338,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="report directory (default: SWEEP_DIR/report)")
     parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--archive", type=Path, metavar="DEST", help="copy the committable files to DEST and report from there"
+    )
     args = parser.parse_args(argv)
     if args.n_boot < 10:
         print(f"distill report: --n-boot must be >= 10, got {args.n_boot}", file=sys.stderr)
         return 2
+    sweep_dir = args.sweep_dir
     try:
-        path = build_report(args.sweep_dir, args.out, args.n_boot, not args.no_plots)
-    except FileNotFoundError as err:
+        if args.archive is not None:
+            runs = archive(sweep_dir, args.archive)
+            print(f"archived {len(runs)} runs of {sweep_dir} in {args.archive}")
+            sweep_dir = args.archive
+        path = build_report(sweep_dir, args.out, args.n_boot, not args.no_plots)
+    except (FileNotFoundError, ArchiveError) as err:
         print(f"distill report: {err}", file=sys.stderr)
         return 2
     tables = sorted(str(p) for p in path.parent.glob("**/runs.csv"))

@@ -266,10 +266,15 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
         return 0
     if args.dry_run:
         states = {"done": 0, "resume": 0, "todo": 0}
-        for run in runs:
-            state = rundirs.run_state(run.run_dir)
-            states[state] += 1
-            print(f"{state:<6} {run.name}  {shlex.join(rundirs.fit_command(run, spec.base, fit_prefix))}")
+        try:
+            for run in runs:
+                state = rundirs.run_state(run.run_dir)
+                states[state] += 1
+                print(f"{state:<6} {run.name}  {shlex.join(rundirs.fit_command(run, spec.base, fit_prefix))}")
+            sys.stdout.flush()
+        except BrokenPipeError:  # e.g. `distill sweep SPEC --dry-run | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         print(
             f"{len(runs)} runs: {states['done']} finished (skipped), {states['resume']} to resume, "
             f"{states['todo']} to start; out: {spec.out}",

@@ -163,7 +163,7 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
         data = (out / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
         assert f"](plots/{name})" in text
-    assert "found: training curves skipped" in text
+    assert "training curves skipped" in text
 
 
 def test_training_curves_from_tensorboard_events(sweep, tmp_path):
@@ -182,7 +182,7 @@ def test_training_curves_from_tensorboard_events(sweep, tmp_path):
     assert main([str(sweep), "--out", str(tmp_path / "rep"), "--n-boot", "50"]) == 0
     png = (tmp_path / "rep" / "plots" / "training_curves.png").read_bytes()
     assert png[:4] == b"\x89PNG" and len(png) > 10_000
-    assert "found: training curves skipped" not in (tmp_path / "rep" / "report.md").read_text()
+    assert "training curves skipped" not in (tmp_path / "rep" / "report.md").read_text()
 
 
 def test_report_errors_are_clear(tmp_path, capsys):
@@ -206,3 +206,37 @@ def test_tables_fall_back_to_the_knobs_that_vary(sweep, tmp_path):
     assert "pooled over" not in text.split("## Coverage")[0]
     assert (tmp_path / "r" / "plots" / "heatmap_test_countdown3_accuracy.png").stat().st_size > 10_000
     assert "| outcome | runs | mix | lr | interactions | seeds (residual) |" in text
+
+
+def test_archive_keeps_the_committable_files_and_regenerates_the_report(sweep, tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = sorted(p for p in sweep.iterdir() if p.name.startswith("divergence="))[0]
+    writer = SummaryWriter(str(run_dir / "tensorboard" / "version_0"))
+    for step in range(0, 30, 10):
+        writer.add_scalar("train/forward_kl", 1.0 + step, step)
+        writer.add_scalar("train/grad_norm", 5.0, step)  # not a curve tag: not archived
+    writer.close()
+    (run_dir / "config.yaml").write_text("trainer: {max_steps: 3}\n")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"x" * 100)
+    (run_dir / "theta0.safetensors").write_bytes(b"x" * 100)
+
+    dest = tmp_path / "results" / "synthetic"
+    assert main([str(sweep), "--archive", str(dest), "--n-boot", "50"]) == 0
+    assert "archived 54 runs" in capsys.readouterr().out
+    archived = dest / run_dir.name
+    assert sorted(p.name for p in archived.iterdir()) == ["config.yaml", "curves.csv", "metrics.json", "settings.json"]
+    assert (archived / "curves.csv").read_text().splitlines() == [
+        "tag,step,value", "train/forward_kl,0,1.0", "train/forward_kl,10,11.0", "train/forward_kl,20,21.0"
+    ]
+    assert not (dest / "rollout_cache").exists() and (dest / "sweep.json").is_file()
+    # The report regenerated from the archive alone equals the one written from the sweep.
+    first = (dest / "report" / "report.md").read_text()
+    assert "training_curves.png" in first
+    assert main([str(dest), "--n-boot", "50"]) == 0
+    assert (dest / "report" / "report.md").read_text() == first
+    assert (dest / "report" / "plots" / "training_curves.png").stat().st_size > 10_000
+
+    assert main([str(sweep), "--archive", str(sweep / "results")]) == 2
+    assert "must lie outside the sweep directory" in capsys.readouterr().err

@@ -1,0 +1,85 @@
+"""`distill report SWEEP_DIR --archive DEST`: the part of a sweep worth committing.
+
+A sweep directory holds gigabytes of checkpoints, exported students, θ0 snapshots, event files and
+rollout caches. The archive keeps what the report needs and what documents each run, so that
+`distill report DEST` regenerates the same report from a git checkout:
+
+- `sweep.json` at the top and in each stage directory of a staged sweep;
+- per run directory (any directory holding `settings.json`, `metrics.json` or `overrides.yaml`):
+  `settings.json`, `overrides.yaml`, `config.yaml` (the resolved config), `env.json` (package
+  versions, git revision) and `metrics.json`, copied as they are, plus `curves.csv`: the
+  TensorBoard scalars `records.CURVE_TAGS` as `tag,step,value` rows, which `records.read_curves`
+  reads when no event files are present.
+
+Runs keep their paths relative to the sweep directory. Files of an earlier archive in DEST are
+overwritten; nothing else in DEST is touched.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+from distill.experiments.records import CURVES, read_curves
+from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS
+
+RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS)
+
+
+class ArchiveError(ValueError):
+    """An archive destination that would overwrite the sweep itself."""
+
+
+SKIP_DIRS = {"checkpoints", "tensorboard", "student", "rollout_cache", "report"}
+
+
+def _run_dirs(sweep_dir: Path) -> list[Path]:
+    found = []
+    for path in sorted(sweep_dir.iterdir()):
+        if not path.is_dir() or path.name in SKIP_DIRS:
+            continue
+        if any((path / f).exists() for f in (SETTINGS, METRICS, OVERRIDES)):
+            found.append(path)
+        else:  # a stage directory of a staged sweep
+            found += _run_dirs(path)
+    return found
+
+
+def write_curves(run_dir: Path, path: Path) -> int:
+    """Write the run's TensorBoard curves to `path` as CSV; returns the number of points."""
+    rows = [(tag, step, value) for tag, (steps, values) in sorted(read_curves(run_dir).items())
+            for step, value in zip(steps, values)]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["tag", "step", "value"])
+        writer.writerows((tag, step, repr(value)) for tag, step, value in rows)
+    return len(rows)
+
+
+def archive(sweep_dir: Path, dest: Path) -> list[Path]:
+    """Copy the committable files of `sweep_dir` into `dest`; returns the archived run directories."""
+    sweep_dir, dest = Path(sweep_dir), Path(dest)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
+    if dest.resolve() == sweep_dir.resolve() or sweep_dir.resolve() in dest.resolve().parents:
+        raise ArchiveError(f"--archive {str(dest)!r} must lie outside the sweep directory {str(sweep_dir)!r}")
+    runs = _run_dirs(sweep_dir)
+    if not runs:
+        raise FileNotFoundError(f"no run directories in {str(sweep_dir)!r}")
+    for meta in sorted(sweep_dir.rglob("sweep.json")):
+        if not SKIP_DIRS.intersection(meta.relative_to(sweep_dir).parts):
+            target = dest / meta.relative_to(sweep_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(meta, target)
+    archived = []
+    for run_dir in runs:
+        target = dest / run_dir.relative_to(sweep_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            if (run_dir / name).is_file():
+                shutil.copyfile(run_dir / name, target / name)
+        if (run_dir / "tensorboard").is_dir():
+            write_curves(run_dir, target / CURVES)
+        archived.append(target)
+    return archived
