@@ -48,8 +48,11 @@ def _run_dirs(sweep_dir: Path) -> list[Path]:
 
 def write_curves(run_dir: Path, path: Path) -> int:
     """Write the run's TensorBoard curves to `path` as CSV; returns the number of points."""
-    rows = [(tag, step, value) for tag, (steps, values) in sorted(read_curves(run_dir).items())
-            for step, value in zip(steps, values)]
+    rows = [
+        (tag, step, value)
+        for tag, (steps, values) in sorted(read_curves(run_dir).items())
+        for step, value in zip(steps, values)
+    ]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["tag", "step", "value"])

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from distill.experiments import stages
-from distill.experiments.archive import ArchiveError, archive
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance, summarize
+from distill.experiments.archive import ArchiveError, archive
 from distill.experiments.records import (
     CURVE_TAGS,
     REPLICATE,
@@ -324,7 +324,10 @@ def build_report(
             lines += ["## Plots", "", "Error bars: std over seeds (and over any pooled knob).", ""]
             lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
         if not any(p.name == "training_curves.png" for p in paths):
-            lines += [f"No curves {', '.join(CURVE_TAGS)} (TensorBoard events or curves.csv) found: training curves skipped.", ""]
+            lines += [
+                f"No curves {', '.join(CURVE_TAGS)} (TensorBoard events or curves.csv) found: training curves skipped.",
+                "",
+            ]
     (out / "report.md").write_text("\n".join(lines))
     return out / "report.md"
 
@@ -339,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
-        "--archive", type=Path, metavar="DEST", help="copy the committable files to DEST and report from there"
+        "--archive",
+        type=Path,
+        metavar="DEST",
+        help="copy the committable files to DEST and report from there",
     )
     args = parser.parse_args(argv)
     if args.n_boot < 10:

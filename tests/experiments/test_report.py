@@ -226,9 +226,17 @@ def test_archive_keeps_the_committable_files_and_regenerates_the_report(sweep, t
     assert main([str(sweep), "--archive", str(dest), "--n-boot", "50"]) == 0
     assert "archived 54 runs" in capsys.readouterr().out
     archived = dest / run_dir.name
-    assert sorted(p.name for p in archived.iterdir()) == ["config.yaml", "curves.csv", "metrics.json", "settings.json"]
+    assert sorted(p.name for p in archived.iterdir()) == [
+        "config.yaml",
+        "curves.csv",
+        "metrics.json",
+        "settings.json",
+    ]
     assert (archived / "curves.csv").read_text().splitlines() == [
-        "tag,step,value", "train/forward_kl,0,1.0", "train/forward_kl,10,11.0", "train/forward_kl,20,21.0"
+        "tag,step,value",
+        "train/forward_kl,0,1.0",
+        "train/forward_kl,10,11.0",
+        "train/forward_kl,20,21.0",
     ]
     assert not (dest / "rollout_cache").exists() and (dest / "sweep.json").is_file()
     # The report regenerated from the archive alone equals the one written from the sweep.
