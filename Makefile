@@ -37,10 +37,11 @@ demo: ## tiny world (if needed) + a 4-run grid + its report, on CPU
 	$(BIN)/distill report experiments/runs/demo
 	@echo "report: experiments/runs/demo/report/report.md"
 
-sweep-tiny: ## the full tiny-world grid (5 mixes x 2 KLs x 3 LRs x 2 seeds = 60 runs; resumable)
+sweep-tiny: ## the full tiny-world grid (5 mixes x 2 KLs x 3 LRs x 2 seeds = 60 runs; resumable), archived in experiments/results/
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2
-	$(BIN)/distill report experiments/runs/tiny_grid
+	$(BIN)/distill report experiments/runs/tiny_grid --archive experiments/results/tiny_grid
+	@echo "report: experiments/results/tiny_grid/report/report.md"
 
 sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml
