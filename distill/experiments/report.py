@@ -142,6 +142,41 @@ def importance(
     return results
 
 
+def _within_section(
+    records: list[RunRecord], outcomes: list[str], factors: list[str], n_boot: int, by: str = "divergence"
+) -> list[str]:
+    """Factor importance of the other knobs within each value of `by`: the paper's "is forward KL
+    robust to the rollout policy?" is the mix share within forward KL, not across the whole grid."""
+    if by not in factors or len(factors) < 2:
+        return []
+    others = [k for k in factors if k != by]
+    rows = []
+    for value in sorted({format_value(r.settings.get(by)) for r in records}):
+        subset = [r for r in records if format_value(r.settings.get(by)) == value]
+        for imp in importance(subset, outcomes, others, n_boot):
+            top = imp.largest()
+            cells = [f"**{_share(imp.factors[k])}**" if k == top else _share(imp.factors[k]) for k in others]
+            rows.append(
+                [
+                    value,
+                    imp.outcome,
+                    str(imp.n_runs),
+                    *cells,
+                    _share(imp.interactions),
+                    _share(imp.residual),
+                ]
+            )
+    if not rows:
+        return []
+    return [
+        f"## Which knob matters within each {by}",
+        "",
+        f"The same analysis on the runs of one {by} at a time (outcomes that vary within it).",
+        "",
+        *_table([by, "outcome", "runs", *others, "interactions", "seeds (residual)"], rows),
+    ]
+
+
 def _importance_section(results: list[Importance], factors: list[str]) -> list[str]:
     lines = [
         "## Which knob matters: factor importance",
@@ -314,6 +349,7 @@ def build_report(
     results = importance(done, outcomes, list(factors), n_boot) if factors else []
     if results:
         lines += _importance_section(results, list(factors))
+        lines += _within_section(done, accuracy_metrics + coverage + side, list(factors), n_boot)
     main_accuracy = "test/countdown3/accuracy" if "test/countdown3/accuracy" in metrics else None
     lines += _cost_section(
         done, main_accuracy or (accuracy_metrics[0] if accuracy_metrics else None), row, col

@@ -248,3 +248,21 @@ def test_archive_keeps_the_committable_files_and_regenerates_the_report(sweep, t
 
     assert main([str(sweep), "--archive", str(sweep / "results")]) == 2
     assert "must lie outside the sweep directory" in capsys.readouterr().err
+
+
+def test_within_divergence_importance_names_the_planted_knob(sweep, tmp_path):
+    assert main([str(sweep), "--out", str(tmp_path / "rep"), "--n-boot", "50", "--no-plots"]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    section = text.split("## Which knob matters within each divergence", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[0] in DIVS:
+            rows[(cells[0], cells[1])] = cells
+    # Header: divergence, outcome, runs, mix, lr, interactions, seeds. Within every divergence
+    # pass@4 is planted on mix and forgetting on lr; accuracy varies only by noise and mix.
+    for div in DIVS:
+        assert rows[(div, "test/countdown3/pass@4")][3].startswith("**")
+        assert rows[(div, "forgetting/mean_delta")][4].startswith("**")
+        assert float(rows[(div, "sparsity/overall")][4].strip("*").split()[0]) > 0.9
+    assert all(int(r[2]) in (17, 18) for r in rows.values())  # 18 runs per divergence, one unfinished
