@@ -9,8 +9,8 @@ into `--out` (default `SWEEP_DIR/report`):
   the first knobs that do); forgetting, update sparsity
   and style by learning rate and by every other knob; factor importance (for each outcome the
   share of variance explained by each knob's main effect, eta², with bootstrap intervals, plus
-  the interaction and seed shares; see `distill.experiments.analysis`); cost per run and per
-  accuracy point; the plots;
+  the interaction and seed shares; see `distill.experiments.analysis`), and the same within each
+  divergence; cost per run and per accuracy point; the plots;
 - `plots/*.png`: heatmaps divergence x mix, curves against learning rate, accuracy against mix
   per divergence with seed error bars, and training curves of the KLs from the TensorBoard event
   files, or from an archived run's `curves.csv` (skipped when a run has neither).
