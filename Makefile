@@ -49,8 +49,8 @@ sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub a
 sweep-paper-qwen: ## the paper grid on Qwen2.5-7B -> Qwen2.5-1.5B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen.yaml
 
-SWEEP ?= experiments/runs/tiny_grid
-report: ## tables, plots and factor analysis of SWEEP (default experiments/runs/tiny_grid)
+SWEEP ?= experiments/results/tiny_grid
+report: ## tables, plots and factor analysis of SWEEP (default: the committed experiments/results/tiny_grid)
 	$(BIN)/distill report $(SWEEP)
 
 tensorboard: ## TensorBoard over runs/ and experiments/runs/
