@@ -200,6 +200,11 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
             f"- {imp.outcome}: largest main effect **{imp.largest()}** ({top.estimate:.0%} of the variance); "
             f"seeds {imp.residual.estimate:.0%}, interactions {imp.interactions.estimate:.0%}."
         )
+    if any(imp.resampling != "runs" and imp.residual.high < imp.residual.estimate for imp in results):
+        lines.append(
+            "- Some seed shares lie above their intervals: with few seeds per cell, a resample often "
+            "repeats one seed and so shrinks the within-cell spread. Read the seeds column as a rough size."
+        )
     if any(imp.resampling == "runs" for imp in results):
         lines.append(
             "- With one run per cell (no seed replicates) seed noise cannot be told apart from "
