@@ -11,8 +11,9 @@ rollout caches. The archive keeps what the report needs and what documents each 
   TensorBoard scalars `records.CURVE_TAGS` as `tag,step,value` rows, which `records.read_curves`
   reads when no event files are present.
 
-Runs keep their paths relative to the sweep directory. Files of an earlier archive in DEST are
-overwritten; nothing else in DEST is touched.
+Runs keep their paths relative to the sweep directory. Archiving again into the same DEST
+replaces each run's files (a file the run no longer has is removed); a DEST holding runs that are
+not in the sweep is refused, so two sweeps never mix in one report.
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
     runs = _run_dirs(sweep_dir)
     if not runs:
         raise FileNotFoundError(f"no run directories in {str(sweep_dir)!r}")
+    if dest.is_dir():
+        wanted = {run.relative_to(sweep_dir) for run in runs}
+        foreign = [p.relative_to(dest) for p in _run_dirs(dest) if p.relative_to(dest) not in wanted]
+        if foreign:
+            names = ", ".join(str(p) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise ArchiveError(
+                f"--archive {str(dest)!r} holds {len(foreign)} runs that are not in {str(sweep_dir)!r} "
+                f"({names}); archive into a new directory or remove them first"
+            )
     for meta in sorted(sweep_dir.rglob("sweep.json")):
         if not SKIP_DIRS.intersection(meta.relative_to(sweep_dir).parts):
             target = dest / meta.relative_to(sweep_dir)
@@ -79,10 +89,14 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
     for run_dir in runs:
         target = dest / run_dir.relative_to(sweep_dir)
         target.mkdir(parents=True, exist_ok=True)
+        for name in (*RUN_FILES, CURVES):  # an earlier archive's copy must not outlive its source
+            (target / name).unlink(missing_ok=True)
         for name in RUN_FILES:
             if (run_dir / name).is_file():
                 shutil.copyfile(run_dir / name, target / name)
         if (run_dir / "tensorboard").is_dir():
             write_curves(run_dir, target / CURVES)
+        elif (run_dir / CURVES).is_file():  # archiving an archive
+            shutil.copyfile(run_dir / CURVES, target / CURVES)
         archived.append(target)
     return archived

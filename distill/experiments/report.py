@@ -33,6 +33,7 @@ skipped.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -140,6 +141,15 @@ def importance(
         labels = {k: [format_value(r.settings.get(k)) for r in runs] for k in factors}
         results.append(factor_importance([r.metrics[metric] for r in runs], labels, metric, n_boot=n_boot))
     return results
+
+
+def _sweep_name(sweep_dir: Path) -> str:
+    """The spec's name from `sweep.json` (an archive keeps it), else the directory's name."""
+    try:
+        name = json.loads((sweep_dir / "sweep.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else sweep_dir.name
 
 
 def _within_section(
@@ -322,7 +332,7 @@ def build_report(
     row, col = table_axes(factors)
     shown = [axis[0] for axis in (row, col) if axis]
 
-    lines = [f"# Sweep report: {sweep_dir.name}", ""]
+    lines = [f"# Sweep report: {_sweep_name(sweep_dir)}", ""]
     lines += [
         f"{len(done)} finished runs of {len(records)} in `{sweep_dir}`; every run is a row of `runs.csv`.",
         "",

@@ -239,13 +239,30 @@ def test_archive_keeps_the_committable_files_and_regenerates_the_report(sweep, t
         "train/forward_kl,20,21.0",
     ]
     assert not (dest / "rollout_cache").exists() and (dest / "sweep.json").is_file()
-    # The report regenerated from the archive alone equals the one written from the sweep.
-    first = (dest / "report" / "report.md").read_text()
-    assert "training_curves.png" in first
-    assert main([str(dest), "--n-boot", "50"]) == 0
-    assert (dest / "report" / "report.md").read_text() == first
+    # The report from the archive alone equals the one from the sweep itself (event files and all),
+    # but for line 3, which names the directory read.
+    assert main([str(sweep), "--out", str(tmp_path / "from_sweep"), "--n-boot", "50"]) == 0
+    from_sweep = (tmp_path / "from_sweep" / "report.md").read_text().splitlines()
+    from_archive = (dest / "report" / "report.md").read_text().splitlines()
+    assert "![training_curves](plots/training_curves.png)" in from_archive
+    assert from_archive[:2] + from_archive[3:] == from_sweep[:2] + from_sweep[3:]
     assert (dest / "report" / "plots" / "training_curves.png").stat().st_size > 10_000
 
+    # Archiving an archive keeps the curves; archiving again drops files the source no longer has.
+    assert main([str(dest), "--archive", str(tmp_path / "again"), "--no-plots"]) == 0
+    assert (tmp_path / "again" / run_dir.name / "curves.csv").read_text() == (
+        archived / "curves.csv"
+    ).read_text()
+    (run_dir / "config.yaml").unlink()
+    assert main([str(sweep), "--archive", str(dest), "--no-plots"]) == 0
+    assert not (archived / "config.yaml").exists() and (archived / "metrics.json").is_file()
+
+    # Runs that are not in the sweep are never mixed into its archive.
+    (dest / "divergence=other,seed=0").mkdir()
+    (dest / "divergence=other,seed=0" / "metrics.json").write_text("{}")
+    capsys.readouterr()
+    assert main([str(sweep), "--archive", str(dest)]) == 2
+    assert "holds 1 runs that are not in" in capsys.readouterr().err
     assert main([str(sweep), "--archive", str(sweep / "results")]) == 2
     assert "must lie outside the sweep directory" in capsys.readouterr().err
 
