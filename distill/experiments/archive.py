@@ -22,17 +22,15 @@ import csv
 import shutil
 from pathlib import Path
 
-from distill.experiments.records import CURVES, read_curves
-from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS
+from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves
+from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, is_run_dir
 
 RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS)
+SKIP_DIRS = {"checkpoints", "tensorboard", "student", "rollout_cache", "report"}
 
 
 class ArchiveError(ValueError):
-    """An archive destination that would overwrite the sweep itself."""
-
-
-SKIP_DIRS = {"checkpoints", "tensorboard", "student", "rollout_cache", "report"}
+    """An archive destination inside the sweep, or one holding runs of another sweep."""
 
 
 def _run_dirs(sweep_dir: Path) -> list[Path]:
@@ -40,15 +38,15 @@ def _run_dirs(sweep_dir: Path) -> list[Path]:
     for path in sorted(sweep_dir.iterdir()):
         if not path.is_dir() or path.name in SKIP_DIRS:
             continue
-        if any((path / f).exists() for f in (SETTINGS, METRICS, OVERRIDES)):
+        if is_run_dir(path):
             found.append(path)
         else:  # a stage directory of a staged sweep
             found += _run_dirs(path)
     return found
 
 
-def write_curves(run_dir: Path, path: Path) -> int:
-    """Write the run's TensorBoard curves to `path` as CSV; returns the number of points."""
+def write_curves(run_dir: Path, path: Path) -> None:
+    """Write the run's TensorBoard curves to `path` as CSV (`tag,step,value` rows)."""
     rows = [
         (tag, step, value)
         for tag, (steps, values) in sorted(read_curves(run_dir).items())
@@ -58,7 +56,6 @@ def write_curves(run_dir: Path, path: Path) -> int:
         writer = csv.writer(f)
         writer.writerow(["tag", "step", "value"])
         writer.writerows((tag, step, repr(value)) for tag, step, value in rows)
-    return len(rows)
 
 
 def archive(sweep_dir: Path, dest: Path) -> list[Path]:
@@ -80,7 +77,7 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
                 f"--archive {str(dest)!r} holds {len(foreign)} runs that are not in {str(sweep_dir)!r} "
                 f"({names}); archive into a new directory or remove them first"
             )
-    for meta in sorted(sweep_dir.rglob("sweep.json")):
+    for meta in sorted(sweep_dir.rglob(SWEEP_RECORD)):
         if not SKIP_DIRS.intersection(meta.relative_to(sweep_dir).parts):
             target = dest / meta.relative_to(sweep_dir)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, read_metrics
+from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir, read_metrics
 from distill.experiments.spec import DIVERGENCES, PATH_TO_SHORTHAND, SpecError, canonical_axis, format_value
 
 REPLICATE = "seed"
@@ -43,6 +43,7 @@ HEADLINE = (
 )
 CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss")
 CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.archive), without event files
+SWEEP_RECORD = "sweep.json"  # written by the sweep runner at the top of a sweep and in each stage
 _CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
 
 
@@ -112,7 +113,7 @@ def load_records(sweep_dir: Path) -> list[RunRecord]:
         raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
     records = []
     for run_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
-        if not any((run_dir / f).exists() for f in (SETTINGS, METRICS, OVERRIDES)):
+        if not is_run_dir(run_dir):
             continue
         data = read_metrics(run_dir)
         finished = data is not None and data.get("status") == "finished"
@@ -129,14 +130,19 @@ def _sort_key(value: Any) -> tuple:
     return (2, 0.0, format_value(value))
 
 
+def read_sweep_record(sweep_dir: Path) -> dict[str, Any]:
+    """A sweep directory's `sweep.json` (name, axes, stages, ...); empty when missing or unreadable."""
+    try:
+        record = json.loads((Path(sweep_dir) / SWEEP_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def knob_values(records: list[RunRecord], sweep_dir: Path | None = None) -> dict[str, list[Any]]:
     """Each knob's distinct values: spec order (from sweep.json) where known, else sorted."""
-    spec_axes: dict[str, list[Any]] = {}
-    if sweep_dir is not None and (Path(sweep_dir) / "sweep.json").is_file():
-        try:
-            spec_axes = _canonical(json.loads((Path(sweep_dir) / "sweep.json").read_text()).get("axes", {}))
-        except (ValueError, AttributeError):
-            spec_axes = {}
+    axes = read_sweep_record(sweep_dir).get("axes") if sweep_dir is not None else None
+    spec_axes: dict[str, list[Any]] = _canonical(axes) if isinstance(axes, dict) else {}
     values: dict[str, list[Any]] = {}
     for record in records:
         for knob, value in record.settings.items():
@@ -179,6 +185,10 @@ def write_csv(records: list[RunRecord], path: Path, knobs: list[str], metrics: l
             writer.writerow([r.name, str(r.finished).lower(), *settings, *values])
 
 
+def _as_curves(points: dict[str, dict[int, float]]) -> dict[str, tuple[list[int], list[float]]]:
+    return {tag: (sorted(p), [p[s] for s in sorted(p)]) for tag, p in points.items()}
+
+
 def _read_curves_csv(path: Path, tags: tuple[str, ...]) -> dict[str, tuple[list[int], list[float]]]:
     points: dict[str, dict[int, float]] = {}
     with path.open(newline="") as f:
@@ -186,7 +196,7 @@ def _read_curves_csv(path: Path, tags: tuple[str, ...]) -> dict[str, tuple[list[
             value = float(row["value"])
             if row["tag"] in tags and math.isfinite(value):
                 points.setdefault(row["tag"], {})[int(row["step"])] = value
-    return {tag: (sorted(p), [p[s] for s in sorted(p)]) for tag, p in points.items()}
+    return _as_curves(points)
 
 
 def read_curves(
@@ -209,4 +219,4 @@ def read_curves(
             for event in acc.Scalars(tag):
                 if math.isfinite(event.value):
                     points.setdefault(tag, {})[int(event.step)] = float(event.value)
-    return {tag: (sorted(p), [p[s] for s in sorted(p)]) for tag, p in points.items()}
+    return _as_curves(points)

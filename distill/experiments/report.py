@@ -33,7 +33,6 @@ skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -50,6 +49,7 @@ from distill.experiments.records import (
     knob_values,
     load_records,
     metric_names,
+    read_sweep_record,
     write_csv,
 )
 from distill.experiments.spec import format_value
@@ -143,12 +143,16 @@ def importance(
     return results
 
 
+def _importance_cells(imp: Importance, factors: list[str]) -> list[str]:
+    """Each factor's share (the largest in bold), then the interaction and seed shares."""
+    top = imp.largest()
+    cells = [f"**{_share(imp.factors[k])}**" if k == top else _share(imp.factors[k]) for k in factors]
+    return [*cells, _share(imp.interactions), _share(imp.residual)]
+
+
 def _sweep_name(sweep_dir: Path) -> str:
     """The spec's name from `sweep.json` (an archive keeps it), else the directory's name."""
-    try:
-        name = json.loads((sweep_dir / "sweep.json").read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
-        name = None
+    name = read_sweep_record(sweep_dir).get("name")
     return name if isinstance(name, str) and name else sweep_dir.name
 
 
@@ -164,18 +168,7 @@ def _within_section(
     for value in sorted({format_value(r.settings.get(by)) for r in records}):
         subset = [r for r in records if format_value(r.settings.get(by)) == value]
         for imp in importance(subset, outcomes, others, n_boot):
-            top = imp.largest()
-            cells = [f"**{_share(imp.factors[k])}**" if k == top else _share(imp.factors[k]) for k in others]
-            rows.append(
-                [
-                    value,
-                    imp.outcome,
-                    str(imp.n_runs),
-                    *cells,
-                    _share(imp.interactions),
-                    _share(imp.residual),
-                ]
-            )
+            rows.append([value, imp.outcome, str(imp.n_runs), *_importance_cells(imp, others)])
     if not rows:
         return []
     return [
@@ -198,11 +191,7 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
         "**Bold**: the largest main effect.",
         "",
     ]
-    rows = []
-    for imp in results:
-        top = imp.largest()
-        cells = [f"**{_share(imp.factors[k])}**" if k == top else _share(imp.factors[k]) for k in factors]
-        rows.append([imp.outcome, str(imp.n_runs), *cells, _share(imp.interactions), _share(imp.residual)])
+    rows = [[imp.outcome, str(imp.n_runs), *_importance_cells(imp, factors)] for imp in results]
     lines += _table(["outcome", "runs", *factors, "interactions", "seeds (residual)"], rows)
     for imp in results:
         top = imp.factors[imp.largest()]

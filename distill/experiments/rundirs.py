@@ -32,6 +32,11 @@ FIT_LOG = "fit.log"
 DEFAULT_FIT_PREFIX = (sys.executable, "-m", "distill.cli", "fit")
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` is a run directory: one the sweep runner prepared or a fit finished in."""
+    return any((Path(path) / name).exists() for name in (SETTINGS, METRICS, OVERRIDES))
+
+
 def read_metrics(run_dir: Path) -> dict[str, Any] | None:
     """The parsed `metrics.json` of a run, or None when it is missing, truncated or not a mapping."""
     try:

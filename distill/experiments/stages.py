@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.experiments.analysis import summarize
-from distill.experiments.records import REPLICATE, RunRecord, knob_values, load_records
+from distill.experiments.records import REPLICATE, RunRecord, knob_values, load_records, read_sweep_record
 from distill.experiments.rundirs import SETTINGS
 from distill.experiments.spec import format_value
 
@@ -26,11 +26,7 @@ PREFERRED = ("divergence", "mix")
 
 def read_stages(sweep_dir: Path) -> list[dict[str, Any]] | None:
     """The `stages` list of a sweep directory's `sweep.json`, or None for a single-stage sweep."""
-    try:
-        record = json.loads((Path(sweep_dir) / "sweep.json").read_text())
-    except (OSError, ValueError):
-        return None
-    stages = record.get("stages") if isinstance(record, dict) else None
+    stages = read_sweep_record(sweep_dir).get("stages")
     return stages if isinstance(stages, list) and stages else None
 
 
