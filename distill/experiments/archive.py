@@ -9,7 +9,9 @@ rollout caches. The archive keeps what the report needs and what documents each 
   `settings.json`, `overrides.yaml`, `config.yaml` (the resolved config), `env.json` (package
   versions, git revision) and `metrics.json`, copied as they are, plus `curves.csv`: the
   TensorBoard scalars `records.CURVE_TAGS` as `tag,step,value` rows, which `records.read_curves`
-  reads when no event files are present.
+  reads when no event files are present;
+- per reference run (`references/<kind>`, `distill.experiments.references`): the same files and its
+  `test_metrics.json`, no curves (it does not train).
 
 Runs keep their paths relative to the sweep directory. Archiving again into the same DEST
 replaces each run's files (a file the run no longer has is removed); a DEST holding runs that are
@@ -23,9 +25,11 @@ import shutil
 from pathlib import Path
 
 from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves
+from distill.experiments.references import DIRNAME as REFERENCES
+from distill.experiments.references import TEST_METRICS
 from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, is_run_dir
 
-RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS)
+RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS, TEST_METRICS)
 SKIP_DIRS = {"checkpoints", "tensorboard", "student", "rollout_cache", "report"}
 
 
@@ -91,7 +95,9 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
         for name in RUN_FILES:
             if (run_dir / name).is_file():
                 shutil.copyfile(run_dir / name, target / name)
-        if (run_dir / "tensorboard").is_dir():
+        if run_dir.parent.name == REFERENCES:  # evaluation only: no training curves
+            pass
+        elif (run_dir / "tensorboard").is_dir():
             write_curves(run_dir, target / CURVES)
         elif (run_dir / CURVES).is_file():  # archiving an archive
             shutil.copyfile(run_dir / CURVES, target / CURVES)

@@ -9,6 +9,9 @@ by axis name, which the report reads; in a staged spec also `stage` and, for a c
 A run is finished iff its `metrics.json` parses and has `"status": "finished"`. Finished runs are
 never touched, even when the spec's fixed overrides have changed since (use a new `out` then). An unfinished run resumes from `checkpoints/last.ckpt` when there is one;
 otherwise its partial contents are cleared and it starts afresh.
+
+A reference run (`Run.reference`; `distill.experiments.references`) is prepared the same way but
+runs `distill test` (the test prefix) and is finished iff its `test_metrics.json` holds metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from distill.experiments import references
 from distill.experiments.spec import Run, nest
 
 METRICS = "metrics.json"
@@ -29,7 +33,15 @@ SETTINGS = "settings.json"
 OVERRIDES = "overrides.yaml"
 LAST_CKPT = Path("checkpoints") / "last.ckpt"
 FIT_LOG = "fit.log"
+TEST_LOG = "test.log"  # a reference's `distill test` output
 DEFAULT_FIT_PREFIX = (sys.executable, "-m", "distill.cli", "fit")
+
+
+def derive_test_prefix(fit_prefix: tuple[str, ...] | list[str]) -> list[str] | None:
+    """The command that tests a reference, from the fit prefix: its final `fit` becomes `test`
+    (`torchrun ... -m distill.cli fit` -> `... test`); None when it does not end in `fit`."""
+    prefix = list(fit_prefix)
+    return prefix[:-1] + ["test"] if prefix and prefix[-1] == "fit" else None
 
 
 def is_run_dir(path: Path) -> bool:
@@ -63,6 +75,40 @@ def run_state(run_dir: Path) -> str:
     return "resume" if resume_checkpoint(run_dir) else "todo"
 
 
+def is_done(run: Run) -> bool:
+    """Whether a run of the sweep, a fit or a reference, has finished."""
+    return references.is_done(run.run_dir) if run.reference else is_finished(run.run_dir)
+
+
+def state_of(run: Run) -> str:
+    """`run_state` of a fit; 'done' or 'todo' of a reference (evaluation only: nothing to resume)."""
+    if run.reference:
+        return "done" if references.is_done(run.run_dir) else "todo"
+    return run_state(run.run_dir)
+
+
+def command(
+    run: Run,
+    base: list[Path],
+    fit_prefix: tuple[str, ...] | list[str] = DEFAULT_FIT_PREFIX,
+    test_prefix: tuple[str, ...] | list[str] | None = None,
+) -> list[str]:
+    """`fit_command` of a fit; of a reference, the same configs and run directory after the test
+    prefix (default: derived from the fit prefix by `derive_test_prefix`), with no checkpoint."""
+    if not run.reference:
+        return fit_command(run, base, fit_prefix)
+    prefix = test_prefix if test_prefix is not None else derive_test_prefix(fit_prefix)
+    if prefix is None:
+        raise ValueError(
+            f"reference {run.name!r} needs a test command, and the fit prefix {' '.join(fit_prefix)!r} "
+            "does not end in 'fit'; pass --test-prefix or set 'references: false' in the spec"
+        )
+    cmd = list(prefix)
+    for path in run.base if run.base is not None else base:
+        cmd += ["--config", str(path)]
+    return cmd + ["--config", str(run.run_dir / OVERRIDES), "--run_dir", str(run.run_dir)]
+
+
 def fit_command(
     run: Run, base: list[Path], prefix: tuple[str, ...] | list[str] = DEFAULT_FIT_PREFIX
 ) -> list[str]:
@@ -91,9 +137,9 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
     Refuses (ValueError) to touch a finished run. Without a resume checkpoint every partial
     file is removed first, so a fresh start never sees leftovers of a killed attempt."""
     run_dir = run.run_dir
-    if is_finished(run_dir):
+    if is_done(run):
         raise ValueError(f"run {run.name!r} is finished; its directory {run_dir} is never rewritten")
-    state = "resume" if resume_checkpoint(run_dir) else "todo"
+    state = "resume" if resume_checkpoint(run_dir) and not run.reference else "todo"
     if state == "todo" and run_dir.exists():
         for child in run_dir.iterdir():
             if child.is_dir() and not child.is_symlink():
@@ -108,6 +154,8 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
     record = {"sweep": sweep_name, "name": run.name, "settings": run.settings, "overrides": run.overrides}
     if run.stage is not None:
         record["stage"] = run.stage
+    if run.reference is not None:  # evaluation only: the report reads it as a reference, not a run
+        record["reference"] = run.reference
     if run.after is not None:  # the parent run (its directory), for the before/after report
         record["after"] = {"stage": run.after.parent.name, "run": run.after.name, "run_dir": str(run.after)}
     _atomic_write(run_dir / SETTINGS, json.dumps(record, indent=2) + "\n")

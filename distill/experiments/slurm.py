@@ -1,7 +1,8 @@
 """`distill sweep SPEC --emit-slurm FILE`: a SLURM job-array script with one array task per run.
 
 Two files are written: FILE (the sbatch script) and, beside it, FILE with suffix `.commands`,
-one line per run: `python -m distill.cli sweep SPEC --out OUT --only NAME`. Array task i runs
+one line per run (the reference runs first, when the spec has them): `python -m distill.cli sweep
+SPEC --out OUT --only NAME`. Array task i runs
 line i + 1 through the sweep runner, so a finished run is skipped and an interrupted one resumes
 from its `last.ckpt`, exactly as in a local sweep. Task logs go to `<out>/slurm/%A_%a.out`.
 
@@ -74,7 +75,9 @@ def slurm_options(section: dict[str, Any], args: argparse.Namespace | None = Non
     return options
 
 
-def task_command(spec: SweepSpec, run: Run, fit_prefix: list[str] | None = None) -> list[str]:
+def task_command(
+    spec: SweepSpec, run: Run, fit_prefix: list[str] | None = None, test_prefix: list[str] | None = None
+) -> list[str]:
     """The command of one array task: the sweep runner restricted to one run."""
     if spec.path is None:
         raise ValueError("--emit-slurm needs a spec read from a file (the tasks re-read it)")
@@ -91,6 +94,8 @@ def task_command(spec: SweepSpec, run: Run, fit_prefix: list[str] | None = None)
     ]
     if fit_prefix is not None:
         cmd += ["--fit-prefix", shlex.join(fit_prefix)]
+    if test_prefix is not None and run.reference:
+        cmd += ["--test-prefix", shlex.join(test_prefix)]
     return cmd
 
 
@@ -127,6 +132,7 @@ def write_slurm(
     script: Path,
     options: dict[str, Any],
     fit_prefix: list[str] | None = None,
+    test_prefix: list[str] | None = None,
 ) -> tuple[Path, Path]:
     """Write the sbatch script and its commands file; returns both paths. Runs nothing."""
     if not runs:
@@ -137,7 +143,9 @@ def write_slurm(
         raise ValueError(f"--emit-slurm {script}: the script may not itself end in .commands")
     script.parent.mkdir(parents=True, exist_ok=True)
     (spec.out / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create --output dirs
-    commands.write_text("".join(shlex.join(task_command(spec, run, fit_prefix)) + "\n" for run in runs))
+    commands.write_text(
+        "".join(shlex.join(task_command(spec, run, fit_prefix, test_prefix)) + "\n" for run in runs)
+    )
     script.write_text(render_script(spec, len(runs), commands, options))
     script.chmod(0o755)
     return script, commands

@@ -17,6 +17,7 @@ A spec is a YAML file, run with `distill sweep SPEC`::
       partition: gpu
       gpus: 1
       time: "04:00:00"
+    references: true                     # optional; default true (see below)
 
 Relative paths (`base`, `out`) resolve against the current working directory, which is the
 repository root for every command in this project; they are made absolute before any command
@@ -70,6 +71,19 @@ Run directories are nested as `<out>/<stage>/<name>` (a chained run has its pare
 stage has no axes), run names are `<stage>/<name>`, and a chained run starts only once its parent
 has finished (a failed parent marks it failed too). `distill report` writes one report per stage
 and a before/after section comparing each chained run with its parent.
+
+Reference runs (`references:`, default `true`): besides the grid, a sweep tests two models once,
+without training, exactly as every run's final student is tested (`distill test` with the same
+base configs and fixed overrides: same test tasks, test problems and TaskEvaluation settings):
+`start`, the untouched student, and `teacher`, the teacher in the student's place (`model.student`
+set to the config's `model.teacher`, loaded with its `teacher_dtype`). The report shows them as
+rows and reference lines (`distill.experiments.references`). `references: false` turns them off;
+a list such as `[start]` keeps some (and fails when the teacher is listed but the config names
+none; with `true`, a config without a teacher, e.g. GRPO, simply gets no teacher reference). With
+stages they belong to the first stage. They are not runs of the grid: not in `expand`, not in the
+factor analysis. An axis that changes how runs are tested or which models they start from (e.g.
+`model.teacher`, `data.test_size`) leaves no single reference, and is refused unless
+`references: false`.
 """
 
 from __future__ import annotations
@@ -100,10 +114,26 @@ ROOTS = ("trainer", "model", "data")
 MODEL_INIT_ARGS = "model.init_args."
 # Keys the runner itself sets on the command line; an axis or override may not set them.
 RESERVED_PATHS = ("run_dir", "ckpt_path")
-SPEC_KEYS = ("name", "base", "out", "overrides", "axes", "slurm", "stages")
+SPEC_KEYS = ("name", "base", "out", "overrides", "axes", "slurm", "stages", "references")
 STAGE_KEYS = ("name", "base", "overrides", "axes", "after")
 STUDENT_PATH = "model.student"  # set on chained runs to the parent's export
 STUDENT_EXPORT = "student"
+REFERENCE_KINDS = ("start", "teacher")
+# Config paths (and everything under them) that change how a run is tested or which models it
+# starts from: as an axis they leave no single start/teacher to compare with.
+REFERENCE_SENSITIVE = (
+    "model.student",
+    "model.teacher",
+    "model.student_dtype",
+    "model.teacher_dtype",
+    "data.test_tasks",
+    "data.test_size",
+    "data.eval_max_new_tokens",
+    "data.tokenizer",
+    "data.chat_template",
+    "trainer.precision",
+    "trainer.callbacks",
+)
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -176,7 +206,9 @@ class Run:
     """One fit of a sweep: `settings` are the knob values by axis name (shorthand where one
     exists, values as in the spec); `overrides` are the dotted config values (fixed + axes).
     In a staged spec: `base` is the stage's configs (None: the spec's), `stage` its name, and
-    `after` the parent run's directory (the run starts once the parent has finished)."""
+    `after` the parent run's directory (the run starts once the parent has finished).
+    `reference` ('start' or 'teacher') marks an evaluation-only reference run (`distill test`, no
+    settings; `distill.experiments.references`), which is never part of the grid."""
 
     name: str
     run_dir: Path
@@ -185,6 +217,7 @@ class Run:
     base: list[Path] | None = None
     stage: str | None = None
     after: Path | None = None
+    reference: str | None = None
 
 
 @dataclass
@@ -208,6 +241,10 @@ class SweepSpec:
     # Chained stages, in order; empty for a single-stage spec. With stages, base/axes/overrides
     # above are the first stage's.
     stages: list[Stage] = field(default_factory=list)
+    # Reference runs to add (a subset of REFERENCE_KINDS, in that order); `references_listed`: the
+    # spec named them in a list (so a missing teacher is an error, not a skip).
+    references: tuple[str, ...] = REFERENCE_KINDS
+    references_listed: bool = False
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -422,6 +459,38 @@ def _inherited_knobs(stages: list[Stage], name: str) -> set[str]:
     return knobs
 
 
+def _parse_references(raw: Any) -> tuple[tuple[str, ...], bool]:
+    """(kinds, listed) from the spec's `references` value: true, false or a list of kinds."""
+    if raw is True or raw is False:
+        return (REFERENCE_KINDS if raw else ()), False
+    if (
+        isinstance(raw, list)
+        and raw
+        and all(isinstance(k, str) and k in REFERENCE_KINDS for k in raw)
+        and len(set(raw)) == len(raw)
+    ):
+        return tuple(k for k in REFERENCE_KINDS if k in raw), True
+    raise SpecError(
+        f"'references' must be true, false or a list of distinct names from {', '.join(REFERENCE_KINDS)} "
+        f"(e.g. [start]), got {raw!r}"
+    )
+
+
+def _check_references(spec: SweepSpec) -> None:
+    """Refuse axes of the (first) stage that leave no single start or teacher to compare with."""
+    if not spec.references:
+        return
+    for axis in spec.axes:
+        path = SHORTHANDS[axis].path if axis in SHORTHANDS else axis
+        hit = next((p for p in REFERENCE_SENSITIVE if path == p or path.startswith(p + ".")), None)
+        if hit is not None:
+            raise SpecError(
+                f"'references': axis {axis!r} sets {path}, which changes how runs are tested or which "
+                "models they start from, so there is no single start or teacher to compare them with; "
+                "set 'references: false' or fix the value in 'overrides'"
+            )
+
+
 def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) -> SweepSpec:
     """Validate a spec mapping (as loaded from YAML); relative paths resolve against `root` (cwd)."""
     root = Path.cwd() if root is None else root
@@ -441,6 +510,7 @@ def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) ->
     slurm = data.get("slurm") or {}
     if not isinstance(slurm, dict):
         raise SpecError(f"'slurm' must be a mapping of sbatch options, got {slurm!r}")
+    references, listed = _parse_references(data.get("references", True))
     if "stages" in data:
         misplaced = sorted({"base", "axes", "overrides"} & set(data))
         if misplaced:
@@ -454,7 +524,19 @@ def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) ->
         for i, entry in enumerate(raw):
             stages.append(_parse_stage(entry, i, stages, root))
         first = stages[0]
-        spec = SweepSpec(name, first.base, out[0], first.axes, first.overrides, dict(slurm), path, stages)
+        spec = SweepSpec(
+            name,
+            first.base,
+            out[0],
+            first.axes,
+            first.overrides,
+            dict(slurm),
+            path,
+            stages,
+            references,
+            listed,
+        )
+        _check_references(spec)
         expand(spec)
         return spec
     if "base" not in data:
@@ -463,7 +545,8 @@ def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) ->
     axes = _parse_axes(data.get("axes"))
     overrides = _parse_overrides(data.get("overrides"))
     _check_axes_vs_overrides(axes, overrides, "")
-    spec = SweepSpec(name, base, out[0], axes, overrides, dict(slurm), path)
+    spec = SweepSpec(name, base, out[0], axes, overrides, dict(slurm), path, [], references, listed)
+    _check_references(spec)
     expand(spec)  # surface path collisions and name clashes now, before anything runs
     return spec
 

@@ -6,6 +6,11 @@ afresh (see `distill.experiments.rundirs`). Each fit runs as a subprocess with i
 shared across runs. A failed run is reported and the sweep goes on; the exit code is 1 if any
 run failed. In a staged spec a chained run waits until its parent has finished; when the parent
 fails (or is not part of this invocation and unfinished), the chained run fails with exit code -2.
+
+Unless the spec says `references: false`, the sweep also tests, once, the untouched student
+(`references/start`) and the teacher in the student's place (`references/teacher`) with
+`distill test`, as every run's final student is tested (`distill.experiments.references`); they
+run first, are listed by `--dry-run`, skipped once finished, and are not counted as runs of the grid.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from distill.experiments import rundirs
+from distill.experiments import references, rundirs
 from distill.experiments import spec as spec_module
+from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
 
@@ -89,7 +95,8 @@ def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
         "base": [str(p) for p in spec.base],
         "axes": spec.axes,
         "overrides": spec.overrides,
-        "runs": [run.name for run in runs],
+        "runs": [run.name for run in runs if not run.reference],
+        "references": [run.name for run in runs if run.reference],
     }
     if spec.stages:
         # Each stage directory reads as a sweep of its own (the report's knob order comes from
@@ -106,7 +113,8 @@ def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
                     "base": [str(p) for p in stage.base],
                     "axes": axes[stage.name],
                     "overrides": stage.overrides,
-                    "runs": [run.name for run in runs if run.stage == stage.name],
+                    "runs": [run.name for run in runs if run.stage == stage.name and not run.reference],
+                    "references": [run.name for run in runs if run.stage == stage.name and run.reference],
                 },
             )
         record["stages"] = [
@@ -122,15 +130,21 @@ def run_sweep(
     jobs: int = 1,
     fit_prefix: Sequence[str] = rundirs.DEFAULT_FIT_PREFIX,
     stream: TextIO | None = None,
+    test_prefix: Sequence[str] | None = None,
 ) -> SweepResult:
-    """Run the unfinished `runs`, at most `jobs` at once; returns what was skipped, finished, failed."""
+    """Run the unfinished `runs` (fits and references), at most `jobs` at once; returns what was
+    skipped, finished, failed. `test_prefix` starts a reference's `distill test` (default: derived
+    from `fit_prefix`, see `rundirs.derive_test_prefix`)."""
     stream = sys.stdout if stream is None else stream
     result = SweepResult()
     _write_sweep_record(spec, runs)
     env = child_env(spec.out, jobs)
     pending = []
     for run in runs:
-        (result.skipped if rundirs.is_finished(run.run_dir) else pending).append(run)
+        if rundirs.is_done(run):
+            result.skipped.append(run.name)
+        else:
+            pending.append(run)
     progress = Progress(len(runs), stream)
     progress.done = len(result.skipped)
     if result.skipped:
@@ -154,9 +168,9 @@ def run_sweep(
                     progress.message(f"[sweep] FAILED {run.name} (its parent {run.after} did not finish)")
                     continue
                 pending.remove(run)
+                cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
                 state = rundirs.prepare_run_dir(run, spec.name)
-                cmd = rundirs.fit_command(run, spec.base, fit_prefix)
-                log_path = run.run_dir / rundirs.FIT_LOG
+                log_path = run.run_dir / (rundirs.TEST_LOG if run.reference else rundirs.FIT_LOG)
                 with open(log_path, "a" if state == "resume" else "w") as log:
                     log.write(f"$ {shlex.join(cmd)}\n")
                     log.flush()
@@ -171,7 +185,7 @@ def run_sweep(
                     continue
                 del active[name]
                 progress.running -= 1
-                if code == 0 and rundirs.is_finished(run.run_dir):
+                if code == 0 and rundirs.is_done(run):
                     result.finished.append(name)
                     progress.done += 1
                     progress.show()
@@ -181,7 +195,8 @@ def run_sweep(
                 result.failed.append((name, code, log_path))
                 lost.add(run.run_dir)
                 progress.failed += 1
-                why = "no finished metrics.json" if code == -1 else f"exit code {code}"
+                written = references.TEST_METRICS if run.reference else "finished metrics.json"
+                why = f"no {written}" if code == -1 else f"exit code {code}"
                 progress.message(f"[sweep] FAILED {name} ({why}); log: {log_path}")
     except BaseException:
         for proc, _, _ in active.values():  # only our own children
@@ -217,6 +232,11 @@ def _parser() -> argparse.ArgumentParser:
         help="command that starts one fit, before '--config ...' "
         "(default: '<this python> -m distill.cli fit'; e.g. 'torchrun --nproc_per_node 4 -m distill.cli fit')",
     )
+    parser.add_argument(
+        "--test-prefix",
+        help="command that starts the references' `distill test`, before '--config ...' "
+        "(default: the fit prefix with its final 'fit' replaced by 'test')",
+    )
     slurm = parser.add_argument_group("SLURM (with --emit-slurm; these override the spec's 'slurm:' section)")
     slurm.add_argument(
         "--emit-slurm", type=Path, metavar="FILE", help="write a job-array sbatch script; run nothing"
@@ -225,14 +245,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None) -> int:
-    """Entry point of `distill sweep`; `fit_prefix` (tests) replaces the command that starts a fit."""
+def main(
+    argv: list[str] | None = None,
+    fit_prefix: Sequence[str] | None = None,
+    test_prefix: Sequence[str] | None = None,
+) -> int:
+    """Entry point of `distill sweep`; `fit_prefix` and `test_prefix` (tests) replace the commands
+    that start a fit and a reference's test."""
     args = _parser().parse_args(argv)
     if args.jobs < 1:
         print(f"distill sweep: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     try:
         spec = load_spec(args.spec, out=args.out)
+        refs, notes = reference_runs(spec)
         runs = expand(spec)
     except SpecError as err:
         print(f"distill sweep: {args.spec}: {err}", file=sys.stderr)
@@ -240,6 +266,10 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
     custom_prefix = fit_prefix is not None or args.fit_prefix is not None
     if fit_prefix is None:
         fit_prefix = shlex.split(args.fit_prefix) if args.fit_prefix else rundirs.DEFAULT_FIT_PREFIX
+    custom_test = test_prefix is not None or args.test_prefix is not None
+    if test_prefix is None and args.test_prefix:
+        test_prefix = shlex.split(args.test_prefix)
+    runs = refs + runs  # references first: the report can compare with them from the first run on
     if args.only:
         by_name = {run.name: run for run in runs}
         missing = [name for name in args.only if name not in by_name]
@@ -247,6 +277,16 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
             print(f"distill sweep: --only: no run named {', '.join(missing)} in {args.spec}", file=sys.stderr)
             return 2
         runs = [by_name[name] for name in args.only]
+    else:
+        for note in notes:
+            print(f"[sweep] {note}", file=sys.stderr)
+    try:  # a reference's command needs a test prefix: fail now, not after hours of fits
+        for run in runs:
+            if run.reference:
+                rundirs.command(run, spec.base, fit_prefix, test_prefix)
+    except ValueError as err:
+        print(f"distill sweep: {err}", file=sys.stderr)
+        return 2
     if args.emit_slurm:
         if spec.stages:
             print(
@@ -258,33 +298,40 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
         try:
             options = slurm_options(spec.slurm, args)
             prefix = list(fit_prefix) if custom_prefix else None
-            script, commands = write_slurm(spec, runs, args.emit_slurm, options, prefix)
+            tests = list(test_prefix) if custom_test and test_prefix is not None else None
+            script, commands = write_slurm(spec, runs, args.emit_slurm, options, prefix, tests)
         except ValueError as err:
             print(f"distill sweep: {err}", file=sys.stderr)
             return 2
         print(f"wrote {script} ({len(runs)} array tasks) and {commands}; submit with: sbatch {script}")
         return 0
     if args.dry_run:
-        states = {"done": 0, "resume": 0, "todo": 0}
+        states = {kind: {"done": 0, "resume": 0, "todo": 0} for kind in ("runs", "references")}
         try:
             for run in runs:
-                state = rundirs.run_state(run.run_dir)
-                states[state] += 1
-                print(f"{state:<6} {run.name}  {shlex.join(rundirs.fit_command(run, spec.base, fit_prefix))}")
+                state = rundirs.state_of(run)
+                states["references" if run.reference else "runs"][state] += 1
+                cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
+                print(f"{state:<6} {run.name}  {shlex.join(cmd)}")
             sys.stdout.flush()
         except BrokenPipeError:  # e.g. `distill sweep SPEC --dry-run | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        print(
-            f"{len(runs)} runs: {states['done']} finished (skipped), {states['resume']} to resume, "
-            f"{states['todo']} to start; out: {spec.out}",
-            file=sys.stderr,
+        grid, ref = states["runs"], states["references"]
+        summary = (
+            f"{sum(grid.values())} runs: {grid['done']} finished (skipped), {grid['resume']} to resume, "
+            f"{grid['todo']} to start"
         )
+        if sum(ref.values()):
+            summary += (
+                f"; {sum(ref.values())} references: {ref['done']} finished (skipped), {ref['todo']} to start"
+            )
+        print(f"{summary}; out: {spec.out}", file=sys.stderr)
         return 0
     # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        result = run_sweep(spec, runs, args.jobs, fit_prefix)
+        result = run_sweep(spec, runs, args.jobs, fit_prefix, test_prefix=test_prefix)
     except KeyboardInterrupt:
         print(
             "\n[sweep] interrupted; running fits stopped. Rerun the same command to resume.", file=sys.stderr
@@ -292,10 +339,19 @@ def main(argv: list[str] | None = None, fit_prefix: Sequence[str] | None = None)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(
-        f"[sweep] {spec.name}: {len(result.finished)} finished now, {len(result.skipped)} skipped "
-        f"(finished before), {len(result.failed)} failed; out: {spec.out}"
-    )
+    ref_names = {run.name for run in runs if run.reference}
+    failed = [name for name, _, _ in result.failed]
+    counts = {
+        is_ref: [
+            len([n for n in names if (n in ref_names) == is_ref])
+            for names in (result.finished, result.skipped, failed)
+        ]
+        for is_ref in (False, True)
+    }
+    summary = "{} finished now, {} skipped (finished before), {} failed".format(*counts[False])
+    if ref_names:  # references are not runs of the grid: counted apart
+        summary += "; references: {} finished now, {} skipped, {} failed".format(*counts[True])
+    print(f"[sweep] {spec.name}: {summary}; out: {spec.out}")
     for name, code, log in result.failed:
         print(f"[sweep]   failed: {name} (exit {code}); log: {log}")
     return 1 if result.failed else 0
