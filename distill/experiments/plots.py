@@ -1,7 +1,9 @@
 """Report figures (PNG, drawn with matplotlib's object API, so no GUI backend is involved).
 
 Each function takes the run records and returns the path written, or None when the sweep has
-nothing to plot for it (e.g. a knob that does not vary, or no TensorBoard events).
+nothing to plot for it (e.g. a knob that does not vary, or no TensorBoard events). The line plots
+also take the sweep's references (the start and the teacher) and draw each as a horizontal line,
+with a legend entry, in every panel of a metric they have.
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from distill.experiments.analysis import summarize
-from distill.experiments.records import RunRecord, read_curves
+from distill.experiments.records import RunRecord, expand_tags, read_curves
+from distill.experiments.references import LABELS
 from distill.experiments.spec import format_value
 
 DPI = 110
+# Reference lines (`distill.experiments.references`): kind -> matplotlib line style.
+REFERENCE_STYLE = {
+    "start": {"color": "0.45", "linestyle": "--"},
+    "teacher": {"color": "black", "linestyle": ":"},
+}
+References = dict[str, dict[str, float]]  # kind -> test metrics, as `references.load_references`
 
 
 def _slug(text: str) -> str:
@@ -68,6 +77,16 @@ def heatmap(
     return _save(fig, out / f"heatmap_{_slug(metric)}.png")
 
 
+def reference_lines(ax, references: References | None, metric: str, suffix: str = "") -> bool:
+    """A horizontal line per reference that has `metric`; whether any was drawn."""
+    drawn = False
+    for kind, metrics in (references or {}).items():
+        if metric in metrics:
+            ax.axhline(metrics[metric], linewidth=1.2, label=LABELS[kind] + suffix, **REFERENCE_STYLE[kind])
+            drawn = True
+    return drawn
+
+
 def _lines(ax, records, metric, x_knob, x_values, line_knob, line_values, where=None) -> bool:
     drawn = False
     for lv in line_values if line_knob else [None]:
@@ -96,8 +115,10 @@ def against_knob(
     out: Path,
     name: str,
     log_x: bool = False,
+    references: References | None = None,
 ) -> Path | None:
-    """One panel per metric: mean ± std against a numeric knob, one line per value of another."""
+    """One panel per metric: mean ± std against a numeric knob, one line per value of another,
+    and the references' lines."""
     x_knob, x_values = x
     line_knob, line_values = lines if lines else (None, [])
     metrics = [m for m in metrics if any(m in r.metrics for r in records)]
@@ -107,11 +128,12 @@ def against_knob(
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
     for ax, metric in zip(axes, metrics):
         _lines(ax, records, metric, x_knob, x_values, line_knob, line_values)
+        drawn = reference_lines(ax, references, metric)
         if log_x:
             ax.set_xscale("log")
         ax.set_xlabel(x_knob)
         ax.set_title(metric, fontsize=9)
-        if line_knob:
+        if line_knob or drawn:
             ax.legend(fontsize=7)
     return _save(fig, out / f"{name}.png")
 
@@ -123,9 +145,11 @@ def accuracy_vs_mix(
     lines: tuple[str, list] | None,
     panels: tuple[str, list] | None,
     out: Path,
+    references: References | None = None,
 ) -> Path | None:
     """`metric` against mix, one line per divergence, error bars = std over seeds; one panel per
-    value of `panels` (the learning rate) so that the bars are seed spread only."""
+    value of `panels` (the learning rate) so that the bars are seed spread only; the references'
+    lines in every panel."""
     panel_knob, panel_values = panels if panels else (None, [None])
     line_knob, line_values = lines if lines else (None, [])
     if not any(metric in r.metrics for r in records):
@@ -135,26 +159,44 @@ def accuracy_vs_mix(
     for ax, pv in zip(axes, panel_values):
         where = {panel_knob: pv} if panel_knob else None
         _lines(ax, records, metric, mix[0], mix[1], line_knob, line_values, where)
+        drawn = reference_lines(ax, references, metric)
         ax.set_xlabel(mix[0])
         ax.set_title(f"{panel_knob}={format_value(pv)}" if panel_knob else metric, fontsize=9)
-        if line_knob:
+        if line_knob or drawn:
             ax.legend(fontsize=7)
     axes[0].set_ylabel(metric)
     return _save(fig, out / f"vs_mix_{_slug(metric)}.png")
 
 
+def _reference_metric(tag: str, references: References | None) -> tuple[str, str]:
+    """The references' metric to draw in a curve's panel, and a label suffix: the tag itself, or
+    for a validation accuracy the test accuracy of the same task (references are tested only)."""
+    if any(tag in metrics for metrics in (references or {}).values()):
+        return tag, ""
+    parts = tag.split("/")
+    if len(parts) == 3 and parts[0] == "val" and parts[2] == "accuracy":
+        return f"test/{parts[1]}/accuracy", " (test problems)"
+    return tag, ""
+
+
 def training_curves(
-    records: list[RunRecord], group_knobs: list[str], tags: tuple[str, ...], out: Path
+    records: list[RunRecord],
+    group_knobs: list[str],
+    tags: tuple[str, ...],
+    out: Path,
+    references: References | None = None,
 ) -> Path | None:
-    """Training curves from TensorBoard events, averaged over the runs of each group (on the
-    first run's steps); None when no run has event files."""
+    """Training curves from TensorBoard events (or archived curves.csv) of the tags matching
+    `tags`, averaged over the runs of each group (on the first run's steps); in a validation
+    accuracy panel, the references' test accuracy on that task as lines. None when no run has
+    curves."""
     groups: dict[str, list[dict]] = {}
     for record in records:
         curves = read_curves(record.run_dir, tags)
         if curves:
             label = ",".join(f"{k}={format_value(record.settings.get(k))}" for k in group_knobs) or "all runs"
             groups.setdefault(label, []).append(curves)
-    tags = tuple(t for t in tags if any(t in c for runs in groups.values() for c in runs))
+    tags = expand_tags(tags, {t for runs in groups.values() for c in runs for t in c})
     if not tags:
         return None
     fig = Figure(figsize=(4.6 * len(tags), 3.6))
@@ -167,6 +209,7 @@ def training_curves(
             steps = np.asarray(runs[0][0], dtype=float)
             mean = np.mean([np.interp(steps, s, v) for s, v in runs], axis=0)
             ax.plot(steps, mean, label=f"{label} ({len(runs)})")
+        reference_lines(ax, references, *_reference_metric(tag, references))
         ax.set_xlabel("step")
         ax.set_title(tag, fontsize=9)
         ax.legend(fontsize=6)

@@ -10,6 +10,7 @@ parsed. Divergence class paths are shown by their registry names (`forward_kl`, 
 from __future__ import annotations
 
 import csv
+import fnmatch
 import json
 import math
 import re
@@ -41,7 +42,8 @@ HEADLINE = (
     "cost/teacher_generated_tokens",
     "cost/student_generated_tokens",
 )
-CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss")
+# Curve tags; `*` matches any task (validation accuracy, logged at every validation of a fit).
+CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss", "val/*/accuracy")
 CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.archive), without event files
 SWEEP_RECORD = "sweep.json"  # written by the sweep runner at the top of a sweep and in each stage
 _CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
@@ -185,6 +187,23 @@ def write_csv(records: list[RunRecord], path: Path, knobs: list[str], metrics: l
             writer.writerow([r.name, str(r.finished).lower(), *settings, *values])
 
 
+def wanted(tag: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a scalar tag is one of `patterns` (exact names or `fnmatch` patterns such as
+    `val/*/accuracy`)."""
+    return any(fnmatch.fnmatchcase(tag, pattern) for pattern in patterns)
+
+
+def expand_tags(patterns: tuple[str, ...], present: set[str]) -> tuple[str, ...]:
+    """The `present` tags that match, in pattern order (Countdown-3 first within a pattern)."""
+    out: list[str] = []
+    for pattern in patterns:
+        matches = sorted(
+            (t for t in present if fnmatch.fnmatchcase(t, pattern)), key=lambda t: ("countdown3" not in t, t)
+        )
+        out += [t for t in matches if t not in out]
+    return tuple(out)
+
+
 def _as_curves(points: dict[str, dict[int, float]]) -> dict[str, tuple[list[int], list[float]]]:
     return {tag: (sorted(p), [p[s] for s in sorted(p)]) for tag, p in points.items()}
 
@@ -194,7 +213,7 @@ def _read_curves_csv(path: Path, tags: tuple[str, ...]) -> dict[str, tuple[list[
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
             value = float(row["value"])
-            if row["tag"] in tags and math.isfinite(value):
+            if wanted(row["tag"], tags) and math.isfinite(value):
                 points.setdefault(row["tag"], {})[int(row["step"])] = value
     return _as_curves(points)
 
@@ -202,7 +221,8 @@ def _read_curves_csv(path: Path, tags: tuple[str, ...]) -> dict[str, tuple[list[
 def read_curves(
     run_dir: Path, tags: tuple[str, ...] = CURVE_TAGS
 ) -> dict[str, tuple[list[int], list[float]]]:
-    """Scalar curves (steps, values) from the TensorBoard event files under `<run_dir>/tensorboard`,
+    """Scalar curves (steps, values) of the tags matching `tags` (see `wanted`) from the TensorBoard
+    event files under `<run_dir>/tensorboard`,
     or, when there are none, from an archived run's `curves.csv`; empty when neither exists.
     A resumed run may write several event files: later values win per step."""
     event_dirs = sorted({p.parent for p in (Path(run_dir) / "tensorboard").rglob("events.out.tfevents.*")})
@@ -215,7 +235,7 @@ def read_curves(
     for event_dir in event_dirs:
         acc = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
         acc.Reload()
-        for tag in set(tags) & set(acc.Tags().get("scalars", [])):
+        for tag in [t for t in acc.Tags().get("scalars", []) if wanted(t, tags)]:
             for event in acc.Scalars(tag):
                 if math.isfinite(event.value):
                     points.setdefault(tag, {})[int(event.step)] = float(event.value)

@@ -12,8 +12,16 @@ into `--out` (default `SWEEP_DIR/report`):
   the interaction and seed shares; see `distill.experiments.analysis`), and the same within each
   divergence; cost per run and per accuracy point; the plots;
 - `plots/*.png`: heatmaps divergence x mix, curves against learning rate, accuracy against mix
-  per divergence with seed error bars, and training curves of the KLs from the TensorBoard event
-  files, or from an archived run's `curves.csv` (skipped when a run has neither).
+  per divergence with seed error bars, and training curves of the KLs and of validation accuracy
+  from the TensorBoard event files, or from an archived run's `curves.csv` (skipped when a run has
+  neither).
+
+The sweep's reference runs (`references/start` and `references/teacher`, see
+`distill.experiments.references`) are rows `start (step 0)` and `teacher` in every accuracy and
+coverage table, with a note of how many cells end above the start (and reach the teacher), and
+horizontal lines in the accuracy-vs-knob plots and the validation-accuracy training curves. They are
+not runs of the grid: not in `runs.csv`, the run counts or the factor analysis. A sweep without
+them (e.g. an older archive) gets one line saying so.
 
 `--archive DEST` first copies the committable part of the sweep into DEST (settings, resolved
 configs, environments, metrics and curves; no checkpoints or event files; see
@@ -52,6 +60,8 @@ from distill.experiments.records import (
     read_sweep_record,
     write_csv,
 )
+from distill.experiments.references import DIRNAME as REFERENCES
+from distill.experiments.references import LABELS, load_references
 from distill.experiments.spec import format_value
 
 SIDE_EFFECTS = (
@@ -97,19 +107,63 @@ def _pooled(factors: dict[str, list], shown: list[str]) -> str:
     return text + (f", pooled over {', '.join(others)}" if others else "") + "."
 
 
-def _pivot(records: list[RunRecord], metric: str, row: Axis | None, col: Axis | None) -> list[str]:
+def _pivot(
+    records: list[RunRecord],
+    metric: str,
+    row: Axis | None,
+    col: Axis | None,
+    references: dict[str, dict[str, float]] | None = None,
+) -> list[str]:
+    """The metric by row knob x column knob, then a row per reference that has the metric (its one
+    value in every column) and a line counting the cells above the start and at the teacher."""
     row_knob, row_values = row or ("", [None])
     col_knob, col_values = col or ("", [None])
     header = [f"{row_knob} \\ {col_knob}" if row and col else (row_knob or "all")]
     header += [f"{col_knob}={format_value(v)}" for v in col_values] if col else [metric]
-    rows = []
+    rows, means = [], []
     for rv in row_values:
         cells = []
         for cv in col_values:
             where = {k: v for k, v in ((row_knob, rv), (col_knob, cv)) if k}
-            cells.append(_cell(_select(records, metric, where)))
+            values = _select(records, metric, where)
+            cells.append(_cell(values))
+            if values:
+                means.append(summarize(values)[0])
         rows.append([format_value(rv) if row else "all runs", *cells])
-    return _table(header, rows)
+    refs = {k: m[metric] for k, m in (references or {}).items() if metric in m}
+    rows += [[LABELS[kind], *(_num(value) for _ in col_values)] for kind, value in refs.items()]
+    lines = _table(header, rows)
+    if refs and means:
+        counts = []
+        if "start" in refs:
+            above = sum(m > refs["start"] for m in means)
+            counts.append(f"{above} of {len(means)} cells end above the start ({_num(refs['start'])})")
+        if "teacher" in refs:
+            reach = sum(m >= refs["teacher"] for m in means)
+            counts.append(f"{reach} of {len(means)} reach the teacher ({_num(refs['teacher'])})")
+        lines += ["; ".join(counts) + ".", ""]
+    return lines
+
+
+def _references_lines(references: dict[str, dict[str, float]], where: str) -> list[str]:
+    """What the reference rows and lines are, or one line saying the sweep has none."""
+    if not references:
+        return [
+            "No reference runs (start, teacher) in this sweep: tables and plots show the runs only.",
+            "",
+        ]
+    what = {
+        "start": "`start (step 0)` (the untouched student)",
+        "teacher": "`teacher` (the teacher in the student's place)",
+    }
+    return [
+        "References: "
+        + " and ".join(what[k] for k in references)
+        + f", each tested once as every run's final student is: same test tasks and problems (`{where}`). "
+        "They are rows of the accuracy and coverage tables and lines in the plots, not runs of the "
+        "grid: not counted above, not in `runs.csv`, not in the factor analysis.",
+        "",
+    ]
 
 
 def _by_knob(records: list[RunRecord], metrics: list[str], factors: dict[str, list]) -> list[str]:
@@ -269,7 +323,7 @@ def table_axes(factors: dict[str, list]) -> tuple[Axis | None, Axis | None]:
     return (axes + [None, None])[0], (axes + [None, None])[1]
 
 
-def _plots(records, factors, metrics, accuracy_metrics, out: Path) -> list[Path]:
+def _plots(records, factors, metrics, accuracy_metrics, out: Path, references=None) -> list[Path]:
     from distill.experiments import plots
 
     out.mkdir(parents=True, exist_ok=True)
@@ -281,22 +335,32 @@ def _plots(records, factors, metrics, accuracy_metrics, out: Path) -> list[Path]
     if LR in factors:
         lr_metrics = [m for m in (*SIDE_EFFECTS[:3], *accuracy_metrics[:1]) if m in metrics]
         paths.append(
-            plots.against_knob(records, lr_metrics, (LR, factors[LR]), lines, out, "vs_lr", log_x=True)
+            plots.against_knob(
+                records, lr_metrics, (LR, factors[LR]), lines, out, "vs_lr", log_x=True, references=references
+            )
         )
     if COL in factors:
         panels = (LR, factors[LR]) if LR in factors and len(factors[LR]) <= 6 else None
         mix = (COL, factors[COL])
-        paths += [plots.accuracy_vs_mix(records, m, mix, lines, panels, out) for m in accuracy_metrics]
+        paths += [
+            plots.accuracy_vs_mix(records, m, mix, lines, panels, out, references) for m in accuracy_metrics
+        ]
     group = [axis[0] for axis in (row, col) if axis]
-    paths.append(plots.training_curves(records, group, CURVE_TAGS, out))
+    paths.append(plots.training_curves(records, group, CURVE_TAGS, out, references))
     return [p for p in paths if p is not None]
 
 
 def build_report(
-    sweep_dir: Path, out: Path | None = None, n_boot: int = N_BOOT, with_plots: bool = True
+    sweep_dir: Path,
+    out: Path | None = None,
+    n_boot: int = N_BOOT,
+    with_plots: bool = True,
+    references_from: Path | None = None,
 ) -> Path:
     """Write runs.csv, report.md and plots/ for a sweep directory; returns the report.md path.
-    A staged sweep gets one report per stage and a before/after section (`distill.experiments.stages`)."""
+    A staged sweep gets one report per stage and a before/after section (`distill.experiments.stages`).
+    `references_from`: the directory whose `references/` to compare with (default `sweep_dir`; a
+    chained stage uses the first stage's)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out is not None else sweep_dir / "report"
     staged = stages.read_stages(sweep_dir)
@@ -328,6 +392,10 @@ def build_report(
     ]
     if len(done) < len(records):
         lines += ["Unfinished (left out): " + ", ".join(f"`{r.name}`" for r in records if not r.finished), ""]
+    ref_dir = Path(references_from) if references_from is not None else sweep_dir
+    references = load_references(ref_dir)
+    where = "references/" if ref_dir == sweep_dir else f"{ref_dir.name}/references/"
+    lines += _references_lines(references, where)
     role = {k: "factor" if k in factors else "replicate" if k == REPLICATE else "constant" for k in knobs}
     lines += _table(
         ["knob", "values", "role"], [[k, ", ".join(map(format_value, v)), role[k]] for k, v in knobs.items()]
@@ -337,7 +405,7 @@ def build_report(
         if group:
             lines += [f"## {title} by {' × '.join(shown) or 'run'}", "", _pooled(factors, shown), ""]
             for metric in group:
-                lines += [f"### {metric}", "", *_pivot(done, metric, row, col)]
+                lines += [f"### {metric}", "", *_pivot(done, metric, row, col, references)]
     if side and factors:
         lines += ["## Forgetting, update sparsity and style by knob", ""]
         lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]
@@ -359,9 +427,14 @@ def build_report(
         done, main_accuracy or (accuracy_metrics[0] if accuracy_metrics else None), row, col
     )
     if with_plots and done:
-        paths = _plots(done, factors, metrics, accuracy_metrics, out / "plots")
+        paths = _plots(done, factors, metrics, accuracy_metrics, out / "plots", references)
         if paths:
-            lines += ["## Plots", "", "Error bars: std over seeds (and over any pooled knob).", ""]
+            note = "Error bars: std over seeds (and over any pooled knob)."
+            if references:
+                note += (
+                    " Horizontal lines: the references (in a validation-accuracy panel, their test accuracy)."
+                )
+            lines += ["## Plots", "", note, ""]
             lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
         if not any(p.name == "training_curves.png" for p in paths):
             lines += [
@@ -395,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.archive is not None:
             runs = archive(sweep_dir, args.archive)
-            print(f"archived {len(runs)} runs of {sweep_dir} in {args.archive}")
+            refs = [run for run in runs if run.parent.name == REFERENCES]
+            kept = f"{len(runs) - len(refs)} runs" + (f" and {len(refs)} references" if refs else "")
+            print(f"archived {kept} of {sweep_dir} in {args.archive}")
             sweep_dir = args.archive
         path = build_report(sweep_dir, args.out, args.n_boot, not args.no_plots)
     except (FileNotFoundError, ArchiveError) as err:

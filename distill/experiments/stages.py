@@ -5,7 +5,8 @@ by `build_report` on `<out>/<stage>` as for any sweep) and, for each chained sta
 chained run with its parent run: accuracy on each test set before (the parent, e.g. the distilled
 student) and after (e.g. RLVR from it), and the paired change, grouped by the parent's knobs (by
 default divergence x mix, i.e. by rollout policy and divergence). Cells are mean ± sample std
-(n pairs) over seeds and over any knob not shown; the change is averaged per pair.
+(n pairs) over seeds and over any knob not shown; the change is averaged per pair. The first
+stage's reference runs (the start and the teacher) are the references of every stage's report.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def build_staged_report(
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Sweep report: {sweep_dir.name} (chained stages)", ""]
     records: dict[str, list[RunRecord]] = {}
+    first = sweep_dir / stages[0]["name"]  # where the sweep runner puts the references
     for stage in stages:
         name = stage["name"]
         stage_dir = sweep_dir / name
@@ -133,7 +135,7 @@ def build_staged_report(
         done = sum(r.finished for r in records[name])
         chained = f" (from `{stage['after']}`)" if stage.get("after") else ""
         if records[name]:
-            build_report(stage_dir, out / name, **options)
+            build_report(stage_dir, out / name, references_from=first, **options)
             link = f"[{name}/report.md]({name}/report.md)"
         else:
             link = "no runs yet"
