@@ -31,13 +31,13 @@ tiny-world: ## build the CPU tiny world (teacher + student) unless already built
 bench: ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
 	$(BIN)/python benchmarks/losses.py
 
-demo: ## tiny world (if needed) + a 4-run grid + its report, on CPU
+demo: ## tiny world (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/demo.yaml --jobs 2
 	$(BIN)/distill report experiments/runs/demo
 	@echo "report: experiments/runs/demo/report/report.md"
 
-sweep-tiny: ## the full tiny-world grid (5 mixes x 2 KLs x 3 LRs x 2 seeds = 60 runs; resumable), archived in experiments/results/
+sweep-tiny: ## the full tiny-world grid (60 runs + the start and teacher references; resumable), archived in experiments/results/tiny_grid
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2
 	$(BIN)/distill report experiments/runs/tiny_grid --archive experiments/results/tiny_grid
@@ -49,8 +49,11 @@ sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub a
 sweep-paper-qwen: ## the paper grid on Qwen2.5-7B -> Qwen2.5-1.5B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen.yaml
 
-SWEEP ?= experiments/results/tiny_grid
-report: ## tables, plots and factor analysis of SWEEP (default: the committed experiments/results/tiny_grid)
+# `make report` defaults to the committed tiny-world study: experiments/results/tiny_grid (the study
+# on tiny world v2, written by `make sweep-tiny`) once it exists, until then tiny_grid_v1 (the
+# study on v1, whose teacher was mismatched; see its NOTE.md).
+SWEEP ?= $(if $(wildcard experiments/results/tiny_grid/sweep.json),experiments/results/tiny_grid,experiments/results/tiny_grid_v1)
+report: ## tables, plots and factor analysis of SWEEP (default: experiments/results/tiny_grid, or tiny_grid_v1 until the v2 study is committed)
 	$(BIN)/distill report $(SWEEP)
 
 tensorboard: ## TensorBoard over runs/ and experiments/runs/
