@@ -4,6 +4,7 @@
 - `rundirs`: what a run directory holds, when a run is finished, resuming, the fit command;
 - `sweep`: `distill sweep SPEC` (local runner: `--jobs`, `--dry-run`, `--only`);
 - `slurm`: `distill sweep SPEC --emit-slurm FILE` (a job array, one task per run);
+- `references`: the reference runs (the untouched student and the teacher, tested like every run);
 - `records`: reading a sweep directory back (settings + metrics per run, runs.csv, TB curves);
 - `analysis`: factor importance (eta² per knob with bootstrap intervals);
 - `plots`: the report's PNG figures;
