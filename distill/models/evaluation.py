@@ -6,6 +6,7 @@ import re
 
 import torch
 
+from distill.models.forward import causal_logits
 from distill.tasks import countdown, prior
 
 
@@ -44,3 +45,59 @@ def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_toke
         model, tokenizer, [prior.prompt(e.task, e.query) for e in examples], max_new_tokens
     )
     return sum(prior.score(t, e.task, e.query) for t, e in zip(texts, examples)) / len(examples)
+
+
+@torch.no_grad()
+def sampled_completions(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """T=1 samples from the full distribution over the tokenizer's vocabulary (no top-k/top-p; padded
+    embedding rows suppressed), seeded: the prompts' attention mask `[N, P]` (left padded) and the
+    token ids `[N, P + new]`."""
+    was_training = model.training
+    model.eval()
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    rows = model.get_output_embeddings().weight.shape[0]
+    torch.manual_seed(seed)
+    out = model.generate(
+        **enc,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        suppress_tokens=list(range(len(tokenizer), rows)) or None,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.train(was_training)
+    return enc["attention_mask"], out
+
+
+@torch.no_grad()
+def judge_nll(judge, writer, tokenizer, prompts: list[str], max_new_tokens: int = 96, seed: int = 0) -> dict:
+    """How well `judge` predicts what `writer` writes: `writer` samples a completion (T=1) for each
+    prompt, and `judge` scores it token by token (teacher forcing). Returns the judge's mean negative
+    log-likelihood in nats per completion token (EOS included, padding after it excluded) over all
+    tokens (`all`), over the tokens that are not digits (`format`), and over digits (`digits`).
+
+    Digits are split out because a correct judge *should* be confident that a writer's wrong
+    arithmetic is wrong; the format tokens measure whether it can read the writer's text at all."""
+    prompt_mask, ids = sampled_completions(writer, tokenizer, prompts, max_new_tokens, seed)
+    width = prompt_mask.shape[1]
+    new = ids[:, width:]
+    # Completion tokens up to and including the first EOS.
+    eos = (new == tokenizer.eos_token_id).int()
+    keep = (eos.cumsum(1) - eos) == 0
+    attention = torch.cat([prompt_mask, keep.long()], dim=1)
+    was_training = judge.training
+    judge.eval()
+    logits = causal_logits(judge, ids, attention, len(tokenizer))[:, width - 1 :].float()
+    judge.train(was_training)
+    nll = -torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    digit_ids = torch.tensor([tokenizer.convert_tokens_to_ids(d) for d in "0123456789"])
+    is_digit = torch.isin(new, digit_ids)
+    out = {}
+    for key, mask in (("all", keep), ("format", keep & ~is_digit), ("digits", keep & is_digit)):
+        out[key] = (nll[mask].sum() / mask.sum().clamp(min=1)).item()
+    return out

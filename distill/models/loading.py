@@ -24,23 +24,28 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or os.path.isdir(path) or path.count("/") > 1
 
 
-TINY_WORLD_PREFIX = "tiny-world:"
+# `tiny-world:NAME` is a model of the current tiny world (v2); `tiny-world-v1:NAME` of v1.
+TINY_WORLD_PREFIXES = {"tiny-world:": "v2", "tiny-world-v1:": "v1"}
 
 
 def check_model_path(path: str, field: str) -> str:
     """Fail fast, before any model is loaded: a local path must be a model directory; a hub id must
     be `org/name` (and, with HF_HUB_OFFLINE=1, already in the local cache). `tiny-world:NAME` is
-    `NAME` in the tiny world's folder ($DISTILL_CACHE/tiny-world). Returns the resolved path."""
+    `NAME` in the tiny world's folder ($DISTILL_CACHE/tiny-world), `tiny-world-v1:NAME` in v1's
+    ($DISTILL_CACHE/tiny-world-v1). Returns the resolved path."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"{field} must be a local model directory or a hub id like 'org/name', got {path!r}")
-    if path.startswith(TINY_WORLD_PREFIX):
-        from distill.models.tiny_world import default_dir
+    hint = ""
+    for prefix, version in TINY_WORLD_PREFIXES.items():
+        if path.startswith(prefix):
+            from distill.models.tiny_world import default_dir
 
-        path = str(default_dir() / path[len(TINY_WORLD_PREFIX) :])
+            flag = "" if version == "v2" else f" --version {version}"
+            hint = f" (run `distill tiny-world{flag}` first)"
+            path = str(default_dir(version) / path[len(prefix) :])
     if looks_local(path):
         local = Path(path).expanduser()
         if not (local / "config.json").is_file():
-            hint = " (run `distill tiny-world` first)" if "tiny-world" in path else ""
             raise FileNotFoundError(f"{field}: no model directory at {path!r} (config.json missing){hint}")
         return str(local)
     if os.environ.get("HF_HUB_OFFLINE") == "1":

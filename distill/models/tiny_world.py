@@ -1,21 +1,38 @@
-"""`distill tiny-world`: build the CPU model organism — a teacher good at Countdown-3 that reasons in
-its own style, and a weaker student with prior abilities that distillation can erase.
+"""`distill tiny-world`: build the CPU model organism, a small family of char-level Llama models.
 
-    distill tiny-world                 # full build into $DISTILL_CACHE/tiny-world (about 20 min, 2 cores)
-    distill tiny-world --quick --out /tmp/tw   # low-quality world in under a minute (tests)
+v2 (the default, `tiny-world:NAME`): `teacher` and `student` learn from one shared corpus written
+in one plain style (Countdown-3 and -4 solutions, addition, reversal), as a hub model family is
+pretrained on the same text. The teacher is larger and trained longer on Countdown; the student is
+smaller, weak at Countdown and good at its prior abilities. Because the teacher has seen text like
+the student's, it is a sensible judge of whatever the student writes. `teacher-es` is the teacher
+briefly fine-tuned to reason with Spanish connectives, for the style-transfer experiment only.
 
-Both models are Llama-style, trained with Lightning from a fixed seed, saved with `save_pretrained`
-beside the char tokenizer, and loadable offline with the `Auto*` classes. Their embeddings are
-padded past the tokenizer (128 and 112 rows for 104 tokens), as real checkpoints' are.
+v1 (`tiny-world-v1:NAME`, `--version v1`): the first organism, whose teacher only ever wrote the
+Spanish style. It could not judge the student's plain text, and distillation made the student
+worse in 59 of 60 runs (experiments/LOG.md); it stays as the mismatched-teacher variant.
+
+    distill tiny-world                       # v2 into $DISTILL_CACHE/tiny-world (seconds: committed build)
+    distill tiny-world --version v1          # v1 into $DISTILL_CACHE/tiny-world-v1
+    distill tiny-world --force               # retrain v2 (about 20 min on 2 cores)
+    distill tiny-world --verify              # retrain in a temporary folder, compare every tensor
+    distill tiny-world --quick --out /tmp/tw # a low-quality world in under a minute (tests)
+
+Every model is trained with Lightning from a fixed seed, saved with `save_pretrained` beside the
+char tokenizer, and loadable offline with the `Auto*` classes. Embeddings are padded past the
+tokenizer (128 and 112 rows for 104 tokens), as real checkpoints' are. The build prints its
+progress (and writes it to `build.log`), measures every model (`quality.json`), and fails if a
+validity bar of the recipe is missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -26,17 +43,24 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import LlamaForCausalLM
 
-from distill.models.evaluation import countdown_eval, prior_accuracy
+from distill.models.evaluation import countdown_eval, judge_nll, prior_accuracy
 from distill.models.tiny import char_tokenizer, llama_config
 from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior
 
-# The committed full build (package data), installed by `distill tiny-world` without retraining.
-ASSETS = Path(__file__).parent / "assets" / "tiny-world"
+# Committed full builds (package data), installed by `distill tiny-world` without retraining.
+ASSETS_ROOT = Path(__file__).parent / "assets"
+TASKS = ("countdown3", "countdown4", "addition", "reversal")
 
 
 @dataclass(frozen=True)
 class ModelRecipe:
+    """One model of the world: its shape, its training mixture and its optimisation.
+
+    `mixture` is (task, sampling weight) pairs over `TASKS`; every row of every batch is drawn from
+    it, so each optimiser step updates every task. `init_from` names an earlier model of the same
+    world to fine-tune (`layers`, `hidden`, `heads` and `vocab_rows` must then match it)."""
+
     layers: int
     hidden: int
     heads: int
@@ -44,66 +68,157 @@ class ModelRecipe:
     steps: int
     lr: float
     batch_size: int = 64
-    # Sampling weights of the training mixture: countdown (in `style`), addition, reversal.
-    countdown_weight: float = 1.0
-    addition_weight: float = 0.0
-    reversal_weight: float = 0.0
+    mixture: tuple[tuple[str, float], ...] = (("countdown3", 1.0),)
     style: str = "plain"
+    init_from: str | None = None
+
+    def __post_init__(self):
+        for task, weight in self.mixture:
+            if task not in TASKS:
+                raise ValueError(f"mixture task must be one of {list(TASKS)}, got {task!r}")
+            if weight < 0:
+                raise ValueError(f"mixture weight of {task!r} must be >= 0, got {weight}")
+        if self.style not in countdown.STYLES:
+            raise ValueError(f"style must be one of {list(countdown.STYLES)}, got {self.style!r}")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A validity bar on one `quality.json` figure: `low <= value <= high` (None: unbounded)."""
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+
+    def holds(self, value: float) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"{self.low} <= {self.key} <= {self.high}"
+        return f"{self.key} >= {self.low}" if self.low is not None else f"{self.key} <= {self.high}"
 
 
 @dataclass(frozen=True)
 class Recipe:
-    teacher: ModelRecipe
-    student: ModelRecipe
-    eval_problems: int = 500
+    """A whole world: its models, built in order, and how they are measured."""
+
+    models: tuple[tuple[str, ModelRecipe], ...]
+    eval_problems: int = 500  # greedy, fresh problems, for every accuracy figure
+    nll_prompts: int = 200  # T=1 completions scored by the other model (judge_nll)
     seed: int = 0
     threads: int = 2  # fixed, so that the float reduction order (and the weights) are reproducible
+    bars: tuple[Bar, ...] = ()
+
+    def model(self, name: str) -> ModelRecipe:
+        return dict(self.models)[name]
 
 
-# Sized by measurement on 2 CPU cores (experiments/LOG.md): on CPU, training time, not parameter
-# count, limits these models, so the teacher is only somewhat larger than the student.
-FULL = Recipe(
-    teacher=ModelRecipe(
-        layers=3, hidden=192, heads=4, vocab_rows=128, steps=3000, lr=2e-3, batch_size=32, style="teacher"
+# v2, sized by measurement on 2 CPU cores (experiments/LOG.md, 2026-11-30). One corpus: the task
+# streams are seeded by chunk, so models trained with the same seed read the same examples.
+_TEACHER_MIX = (("countdown3", 0.52), ("countdown4", 0.30), ("addition", 0.10), ("reversal", 0.08))
+# The student reads the same corpus with little Countdown (v1's student recipe, which met its bars).
+_STUDENT_MIX = (("countdown3", 0.05), ("addition", 0.5), ("reversal", 0.45))
+V2 = Recipe(
+    models=(
+        ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=7000, lr=2e-3, batch_size=32, mixture=_TEACHER_MIX)),
+        ("student", ModelRecipe(layers=2, hidden=128, heads=4, vocab_rows=112, steps=2500, lr=3e-3, mixture=_STUDENT_MIX)),
+        # The same corpus rewritten in the Spanish style, fine-tuned briefly from the teacher.
+        (
+            "teacher-es",
+            ModelRecipe(
+                layers=3, hidden=192, heads=4, vocab_rows=128, steps=400, lr=5e-4, batch_size=32,
+                mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
+            ),
+        ),
     ),
-    student=ModelRecipe(
-        layers=2,
-        hidden=128,
-        heads=4,
-        vocab_rows=112,
-        steps=2500,
-        lr=3e-3,
-        countdown_weight=0.05,
-        addition_weight=0.5,
-        reversal_weight=0.45,
+    bars=(
+        Bar("teacher_countdown3", 0.70),
+        Bar("teacher_countdown4", 0.25),
+        Bar("teacher_prior", 0.90),
+        Bar("student_countdown3", 0.10, 0.30),
+        Bar("student_prior", 0.90),
+        Bar("teacher_nll_on_student_format", high=1.0),
+        Bar("teacher_es_style_share", 0.95),
+        Bar("teacher_es_countdown3_gap", high=0.05),
     ),
-)
+)  # fmt: skip
+
+# v1, the first build (issue 2): a teacher that only ever wrote the Spanish style.
+V1 = Recipe(
+    models=(
+        ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=3000, lr=2e-3, batch_size=32, style="teacher")),
+        ("student", ModelRecipe(layers=2, hidden=128, heads=4, vocab_rows=112, steps=2500, lr=3e-3, mixture=_STUDENT_MIX)),
+    ),
+)  # fmt: skip
+
 QUICK = Recipe(
-    teacher=ModelRecipe(
-        layers=2, hidden=64, heads=2, vocab_rows=128, steps=30, lr=3e-3, batch_size=32, style="teacher"
-    ),
-    student=ModelRecipe(
-        layers=1,
-        hidden=32,
-        heads=2,
-        vocab_rows=112,
-        steps=30,
-        lr=3e-3,
-        batch_size=32,
-        countdown_weight=0.2,
-        addition_weight=0.4,
-        reversal_weight=0.4,
+    models=(
+        ("teacher", ModelRecipe(layers=2, hidden=64, heads=2, vocab_rows=128, steps=30, lr=3e-3, batch_size=32, mixture=_TEACHER_MIX)),
+        (
+            "student",
+            ModelRecipe(
+                layers=1, hidden=32, heads=2, vocab_rows=112, steps=30, lr=3e-3, batch_size=32,
+                mixture=(("countdown3", 0.2), ("addition", 0.4), ("reversal", 0.4)),
+            ),
+        ),
+        (
+            "teacher-es",
+            ModelRecipe(
+                layers=2, hidden=64, heads=2, vocab_rows=128, steps=10, lr=3e-3, batch_size=32,
+                mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
+            ),
+        ),
     ),
     eval_problems=50,
-)
+    nll_prompts=20,
+)  # fmt: skip
+
+VERSIONS = {"v2": V2, "v1": V1}
+FULL = V2
 
 
-def default_dir() -> Path:
-    return Path(os.environ.get("DISTILL_CACHE", Path.home() / ".cache" / "distill")) / "tiny-world"
+def default_dir(version: str = "v2") -> Path:
+    """Where `distill tiny-world` builds a version: `$DISTILL_CACHE/tiny-world` for v2,
+    `$DISTILL_CACHE/tiny-world-v1` for v1 (default cache: ~/.cache/distill)."""
+    root = Path(os.environ.get("DISTILL_CACHE", Path.home() / ".cache" / "distill"))
+    return root / ("tiny-world" if version == "v2" else f"tiny-world-{version}")
+
+
+def assets_dir(version: str = "v2") -> Path:
+    return ASSETS_ROOT / ("tiny-world" if version == "v2" else f"tiny-world-{version}")
+
+
+def committed_build(recipe: Recipe) -> Path | None:
+    """The committed build of a full recipe (None for others, e.g. `QUICK`)."""
+    return next((assets_dir(v) for v, r in VERSIONS.items() if r == recipe), None)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
+    """`n` (prompt, completion-without-style) examples of `task`, deterministic in `seed`; Countdown
+    rows keep their problem so that the style is applied by the caller."""
+    if task in prior.TASKS:
+        return [(prior.prompt(e.task, e.query), e.completion) for e in prior.generate(task, n, seed=seed)]
+    return countdown.generate(n, seed=seed, difficulty_name=task)
+
+
+def _example(task: str, item, style: str) -> tuple[str, str]:
+    if task in prior.TASKS:
+        return item
+    return countdown.prompt(*item), countdown.solution(*item, style=style)
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    # Training seeds start at 10**6, so they never coincide with evaluation seeds.
+    return 10**6 + seed * 10**4 + chunk
 
 
 class MixtureStream(IterableDataset):
-    """An endless, seeded stream of (prompt, completion) pairs from the recipe's task mixture."""
+    """An endless, seeded stream of (prompt, completion) rows, each drawn from the mixture: per
+    chunk of 256, row i of the drawn task's chunk (v1's stream, unchanged)."""
 
     def __init__(self, recipe: ModelRecipe, seed: int):
         self.recipe, self.seed = recipe, seed
@@ -111,22 +226,15 @@ class MixtureStream(IterableDataset):
     def __iter__(self):
         r = self.recipe
         rng = random.Random(f"tiny-world/{self.seed}")
-        weights = (r.countdown_weight, r.addition_weight, r.reversal_weight)
+        tasks = [t for t, _ in r.mixture]
+        weights = [w for _, w in r.mixture]
         chunk = 0
         while True:
-            # Training seeds start at 10**6 so they never coincide with evaluation seeds.
-            problems = countdown.generate(256, seed=10**6 + self.seed * 10**4 + chunk)
-            adds = prior.generate("addition", 256, seed=10**6 + self.seed * 10**4 + chunk)
-            revs = prior.generate("reversal", 256, seed=10**6 + self.seed * 10**4 + chunk)
+            pools = [_chunk(t, 256, _chunk_seed(self.seed, chunk)) for t in tasks]
             chunk += 1
-            for p, a, v in zip(problems, adds, revs):
-                kind = rng.choices(range(3), weights)[0]
-                if kind == 0:
-                    yield countdown.prompt(*p), countdown.solution(*p, style=r.style)
-                elif kind == 1:
-                    yield prior.prompt(a.task, a.query), a.completion
-                else:
-                    yield prior.prompt(v.task, v.query), v.completion
+            for i in range(256):
+                k = rng.choices(range(len(tasks)), weights)[0]
+                yield _example(tasks[k], pools[k][i], r.style)
 
 
 class Collator:
@@ -151,6 +259,63 @@ class Collator:
         }
 
 
+def _loader(recipe: ModelRecipe, tokenizer, seed: int) -> DataLoader:
+    return DataLoader(
+        MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer)
+    )
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+class Log:
+    """Build messages to the terminal and to `build.log`: one line each, readable in a file."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path  # appended to: every build into a folder leaves its lines
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, message: str) -> None:
+        line = f"[tiny-world {time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class BuildProgress(L.Callback):
+    """Every 5 % of a model's steps: step of total, mean loss since the last line, elapsed, ETA."""
+
+    def __init__(self, name: str, total: int, log: Log, lines: int = 20):
+        self.name, self.total, self.say = name, total, log
+        self.every = max(1, -(-total // lines))
+        self.losses: list[float] = []
+        self.start = 0.0
+
+    def on_train_start(self, trainer, pl_module):
+        self.start = time.time()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+        step = trainer.global_step
+        if step % self.every and step != self.total:
+            return
+        elapsed = time.time() - self.start
+        eta = elapsed / step * (self.total - step)
+        loss = sum(self.losses) / len(self.losses)
+        self.losses.clear()
+        self.say(
+            f"{self.name}: step {step}/{self.total}  loss {loss:.4f}  "
+            f"elapsed {_duration(elapsed)}  ETA {_duration(eta)}"
+        )
+
+
 class LMTrainer(L.LightningModule):
     """Supervised next-token training of one causal LM, warmup then cosine decay."""
 
@@ -159,9 +324,7 @@ class LMTrainer(L.LightningModule):
         self.model, self.lr, self.steps = model, lr, steps
 
     def training_step(self, batch, _):
-        loss = self.model(**batch).loss
-        self.log("loss", loss, prog_bar=True)
-        return loss
+        return self.model(**batch).loss
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -177,8 +340,7 @@ class LMTrainer(L.LightningModule):
         return [opt], [{"scheduler": sched, "interval": "step"}]
 
 
-def train_model(recipe: ModelRecipe, tokenizer, seed: int, name: str) -> LlamaForCausalLM:
-    L.seed_everything(seed, verbose=False)
+def new_model(recipe: ModelRecipe, tokenizer) -> LlamaForCausalLM:
     config = llama_config(
         vocab_size=recipe.vocab_rows,
         hidden_size=recipe.hidden,
@@ -189,26 +351,109 @@ def train_model(recipe: ModelRecipe, tokenizer, seed: int, name: str) -> LlamaFo
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
-    loader = DataLoader(
-        MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer)
-    )
+    return LlamaForCausalLM(config)
+
+
+def train_model(
+    recipe: ModelRecipe,
+    tokenizer,
+    seed: int,
+    name: str,
+    log: Log = print,
+    init: LlamaForCausalLM | None = None,
+) -> LlamaForCausalLM:
+    """Train one model of the world (from scratch, or from a copy of `init`) and return it in eval mode."""
+    L.seed_everything(seed, verbose=False)
+    if init is None:
+        model = new_model(recipe, tokenizer)
+    else:
+        c = init.config
+        shape = (
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            init.get_output_embeddings().weight.shape[0],
+        )
+        if shape != (recipe.layers, recipe.hidden, recipe.heads, recipe.vocab_rows):
+            raise ValueError(
+                f"{name}: recipe shape (layers, hidden, heads, vocab_rows) = "
+                f"{(recipe.layers, recipe.hidden, recipe.heads, recipe.vocab_rows)} differs from "
+                f"{recipe.init_from!r}'s {shape}"
+            )
+        model = copy.deepcopy(init).train()
     trainer = L.Trainer(
         max_steps=recipe.steps,
         accelerator="cpu",
         devices=1,
         logger=False,
         enable_checkpointing=False,
+        enable_progress_bar=False,
         gradient_clip_val=1.0,
         enable_model_summary=False,
         deterministic=True,
+        callbacks=[BuildProgress(name, recipe.steps, log)],
     )
-    print(f"[tiny-world] training {name}: {recipe.layers}x{recipe.hidden}, {recipe.steps} steps", flush=True)
-    trainer.fit(LMTrainer(model, recipe.lr, recipe.steps), loader)
+    start = f"from {recipe.init_from}" if init is not None else "from scratch"
+    log(
+        f"training {name} ({start}): {recipe.layers}x{recipe.hidden}, {recipe.steps} steps, batch {recipe.batch_size}"
+    )
+    trainer.fit(LMTrainer(model, recipe.lr, recipe.steps), _loader(recipe, tokenizer, seed))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return model.eval()
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+
+def _key(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def measure_model(model, tokenizer, name: str, n: int, log: Log) -> dict:
+    """Greedy accuracy on `n` fresh problems of Countdown-3/-4 and each prior task, style share."""
+    out = {}
+    for difficulty in ("countdown3", "countdown4"):
+        scores = countdown_eval(model, tokenizer, countdown.generate(n, seed=0, difficulty_name=difficulty))
+        out[f"{_key(name)}_{difficulty}"] = scores["accuracy"]
+        if difficulty == "countdown3":
+            out[f"{_key(name)}_style_share"] = scores["style_share"]
+    per_task = {t: prior_accuracy(model, tokenizer, prior.generate(t, n, seed=0)) for t in prior.TASKS}
+    out.update({f"{_key(name)}_prior_{t}": v for t, v in per_task.items()})
+    out[f"{_key(name)}_prior"] = min(per_task.values())
+    log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
+    return out
+
+
+def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: dict) -> dict:
+    """Cross-model figures: how well each model reads the other's T=1 Countdown-3 text (nats per
+    token, `judge_nll`), and how far `teacher-es`'s accuracy is from the teacher's."""
+    out = {}
+    if "teacher" not in models or "student" not in models:
+        return out
+    prompts = [countdown.prompt(*p) for p in countdown.generate(recipe.nll_prompts, seed=1)]
+    pairs = [("teacher", "student"), ("student", "teacher")]
+    if "teacher-es" in models:
+        pairs += [("student", "teacher-es"), ("teacher", "teacher-es")]
+    for judge, writer in pairs:
+        nll = judge_nll(models[judge], models[writer], tokenizer, prompts, seed=recipe.seed)
+        base = f"{_key(judge)}_nll_on_{_key(writer)}"
+        for part, suffix in (("all", ""), ("format", "_format"), ("digits", "_digits")):
+            out[base + suffix] = round(nll[part], 4)
+    if "teacher-es" in models:
+        out["teacher_es_countdown3_gap"] = round(
+            abs(measured["teacher_countdown3"] - measured["teacher_es_countdown3"]), 4
+        )
+    log("family: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
+    return out
+
+
+# --- building ------------------------------------------------------------------------------------
+
+
+def _recipe_json(recipe: Recipe) -> dict:
+    return json.loads(json.dumps(asdict(recipe)))
 
 
 def _is_built(out: Path, recipe: Recipe) -> bool:
@@ -216,54 +461,115 @@ def _is_built(out: Path, recipe: Recipe) -> bool:
         quality = json.loads((out / "quality.json").read_text())
     except (OSError, ValueError):
         return False
-    return quality.get("recipe") == asdict(recipe) and all(
-        (out / m / "config.json").exists() for m in ("teacher", "student")
+    return (
+        quality.get("recipe") == _recipe_json(recipe)
+        and not quality.get("failed_bars")
+        and all((out / m / "config.json").exists() for m, _ in recipe.models)
     )
 
 
-def build(out: Path, recipe: Recipe = FULL, force: bool = False) -> dict:
+MODEL_RECORD = "tiny_world.json"  # beside each trained model: what made it, how long it took
+
+
+def _stamp(recipe: Recipe, name: str) -> dict:
+    """Everything that determines a model's weights: its recipe, those of the models it starts
+    from, the seed and the thread count."""
+    chain, current = {}, name
+    while current is not None:
+        chain[current] = json.loads(json.dumps(asdict(recipe.model(current))))
+        current = recipe.model(current).init_from
+    return {"name": name, "models": chain, "seed": recipe.seed, "threads": recipe.threads}
+
+
+def _finished_model(folder: Path, stamp: dict):
+    """(model, train seconds) when `folder` holds a model trained from `stamp`, else None."""
+    try:
+        record = json.loads((folder / MODEL_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("stamp") != stamp or not (folder / "model.safetensors").exists():
+        return None
+    model = LlamaForCausalLM.from_pretrained(folder)
+    return model.eval(), float(record.get("train_seconds", 0.0))
+
+
+class BarsMissed(RuntimeError):
+    """The build finished but a validity bar of its recipe does not hold (see quality.json)."""
+
+
+def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | None = None) -> dict:
     """Build (or reuse) a tiny world in `out`; returns the quality figures.
 
-    Without `force`, a world already in `out` with the same recipe is reused, and the full recipe
-    is installed from the committed build (`ASSETS`, byte-identical to what training produces here,
-    see `verify`) instead of retrained."""
+    Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
+    committed build (`assets`, byte-identical to what training produces here, see `verify`) is
+    installed instead of retrained, and an interrupted or failed build resumes: each model already
+    trained in `out` with the same recipe, seed and threads (`tiny_world.json` beside it) is loaded,
+    not retrained. After training, every bar of the recipe is checked; a missed bar raises
+    `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
+    assets = Path(assets) if assets is not None else committed_build(recipe)
     if not force and _is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
-    if not force and _is_built(ASSETS, recipe):
+    if not force and assets is not None and _is_built(assets, recipe):
         print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
-        for name in ("teacher", "student"):
-            _replace_dir(out / name, lambda tmp, name=name: shutil.copytree(ASSETS / name, tmp))
-        shutil.copyfile(ASSETS / "quality.json", out / "quality.json")
+        for name, _ in recipe.models:
+            _replace_dir(out / name, lambda tmp, name=name: shutil.copytree(assets / name, tmp))
+        for extra in ("quality.json", "build.log"):
+            if (assets / extra).exists():
+                shutil.copyfile(assets / extra, out / extra)
         return json.loads((out / "quality.json").read_text())
     torch.set_num_threads(recipe.threads)
     start = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.json").unlink(missing_ok=True)  # the world is unfinished until it is rewritten
+    log = Log(out / "build.log")
+    log(f"building into {out}: {', '.join(n for n, _ in recipe.models)}; {recipe.threads} threads")
     tokenizer = char_tokenizer()
     quality: dict = {}
-    (out / "quality.json").unlink(missing_ok=True)  # the world is unfinished until it is rewritten
-    for name in ("teacher", "student"):
-        t0 = time.time()
-        model = train_model(getattr(recipe, name), tokenizer, recipe.seed, name)
-        quality[f"{name}_train_seconds"] = round(time.time() - t0, 1)
-        _replace_dir(
-            out / name, lambda tmp, model=model: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp))
-        )
-        problems = countdown.generate(recipe.eval_problems, seed=0)
-        scores = countdown_eval(model, tokenizer, problems)
-        quality[f"{name}_countdown3"] = scores["accuracy"]
-        quality[f"{name}_style_share"] = scores["style_share"]
-        if name == "student":
-            per_task = {
-                t: prior_accuracy(model, tokenizer, prior.generate(t, recipe.eval_problems, seed=0))
-                for t in prior.TASKS
-            }
-            quality.update({f"student_prior_{t}": v for t, v in per_task.items()})
-            quality["student_prior"] = min(per_task.values())
-    quality["build_seconds"] = round(time.time() - start, 1)
+    models: dict = {}
+    resumed: list[str] = []
+    reused_seconds = 0.0
+    for name, model_recipe in recipe.models:
+        stamp = _stamp(recipe, name)
+        done = None if force else _finished_model(out / name, stamp)
+        if done is not None:  # trained by an earlier, interrupted or failed build with this recipe
+            model, seconds = done
+            log(f"reusing {name}: trained earlier with the same recipe and seed ({_duration(seconds)})")
+            resumed.append(name)
+            reused_seconds += seconds
+        else:
+            t0 = time.time()
+            init = models[model_recipe.init_from] if model_recipe.init_from else None
+            model = train_model(model_recipe, tokenizer, recipe.seed, name, log, init=init)
+            seconds = round(time.time() - t0, 1)
+            record = {"stamp": stamp, "train_seconds": seconds}
+            _replace_dir(
+                out / name,
+                lambda tmp, model=model, record=record: (
+                    model.save_pretrained(tmp),
+                    tokenizer.save_pretrained(tmp),
+                    write_json_atomic(Path(tmp) / MODEL_RECORD, record),
+                ),
+            )
+        quality[f"{_key(name)}_train_seconds"] = seconds
+        models[name] = model
+        log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
+        quality.update(measure_model(model, tokenizer, name, recipe.eval_problems, log))
+    quality.update(measure_family(models, tokenizer, recipe, log, quality))
+    # Wall time of the whole build: this run's, plus the recorded training time of reused models.
+    quality["build_seconds"] = round(time.time() - start + reused_seconds, 1)
+    quality["resumed_models"] = resumed
     quality["threads"] = torch.get_num_threads()
-    quality["recipe"] = asdict(recipe)
+    failed = [f"{b} (got {quality[b.key]:.3f})" for b in recipe.bars if not b.holds(quality[b.key])]
+    quality["failed_bars"] = failed
+    quality["recipe"] = _recipe_json(recipe)
     write_json_atomic(out / "quality.json", quality)
+    log(f"done in {_duration(quality['build_seconds'])}; quality figures in {out / 'quality.json'}")
+    if failed:
+        raise BarsMissed(
+            f"the tiny world in {out} misses {len(failed)} validity bar(s): " + "; ".join(failed)
+        )
     return quality
 
 
@@ -277,15 +583,18 @@ def _replace_dir(target: Path, fill) -> None:
     os.replace(tmp, target)
 
 
-def verify(recipe: Recipe = FULL, committed: Path | None = None) -> bool:
+def verify(recipe: Recipe = V2, committed: Path | None = None) -> bool:
     """Retrain `recipe` from scratch and check that every weight equals the committed build's."""
-    committed = Path(committed or ASSETS)
+    committed = Path(committed or assets_dir("v2"))
     from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp), recipe, force=True)
+        try:
+            build(Path(tmp), recipe, force=True)
+        except BarsMissed as err:  # the weights are what is compared; the bars were checked at build
+            print(f"[tiny-world] note: {err}")
         same = True
-        for name in ("teacher", "student"):
+        for name, _ in recipe.models:
             ours = load_file(Path(tmp) / name / "model.safetensors")
             theirs = load_file(committed / name / "model.safetensors")
             equal = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -297,10 +606,16 @@ def verify(recipe: Recipe = FULL, committed: Path | None = None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="distill tiny-world", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=None, help="output folder (default: $DISTILL_CACHE/tiny-world)"
+        "--out", type=Path, default=None, help="output folder (default: $DISTILL_CACHE/tiny-world[-v1])"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="a low-quality world in under a minute (for tests)"
+        "--version",
+        choices=sorted(VERSIONS),
+        default="v2",
+        help="which world (default v2; v1: mismatched teacher)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a low-quality v2-shaped world in under a minute (for tests)"
     )
     parser.add_argument(
         "--force", action="store_true", help="retrain even if a world with this recipe exists"
@@ -308,13 +623,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="retrain the full recipe in a temporary folder and compare every tensor with the committed build",
+        help="retrain the version's full recipe in a temporary folder and compare every tensor with the committed build",
     )
     args = parser.parse_args(argv)
     if args.verify:
-        return 0 if verify() else 1
-    out = args.out or default_dir()
-    quality = build(out, QUICK if args.quick else FULL, force=args.force)
-    shown = {k: v for k, v in quality.items() if k != "recipe"}
-    print(f"[tiny-world] {out}\n" + "\n".join(f"  {k:24s} {v}" for k, v in shown.items()))
+        return 0 if verify(VERSIONS[args.version], assets_dir(args.version)) else 1
+    out = args.out or default_dir(args.version)
+    recipe = QUICK if args.quick else VERSIONS[args.version]
+    try:
+        quality = build(out, recipe, force=args.force)
+    except BarsMissed as err:
+        print(f"[tiny-world] error: {err}", file=sys.stderr)
+        return 1
+    shown = {k: v for k, v in quality.items() if k not in ("recipe", "failed_bars")}
+    print(f"[tiny-world] {out}\n" + "\n".join(f"  {k:36s} {v}" for k, v in shown.items()))
     return 0

@@ -22,8 +22,9 @@ from typing import NamedTuple
 from distill.tasks import expression
 
 OPS = ("+", "-", "*", "/")
-# The tiny-world teacher's reasoning style: Spanish connectives the student never sees (the analogue
-# of the paper's teacher induced to reason in Spanish). `STYLE_PATTERN` detects it.
+# The Spanish reasoning style: connectives that the tiny world's `teacher-es` (and the whole v1
+# teacher) writes and its student never sees (the analogue of the paper's teacher induced to reason
+# in Spanish). `STYLE_PATTERN` detects it.
 TEACHER_CONNECTIVES = ("pues", "luego")
 STYLE_PATTERN = r"\b(?:pues|luego)\b"
 
@@ -166,16 +167,20 @@ def solve(numbers, target) -> str | None:
     return None if tree is None else _render(tree)
 
 
+STYLES = ("plain", "spanish", "teacher")  # "teacher": v1's name for "spanish", kept for its recipe
+
+
 def solution(numbers, target, style: str = "plain") -> str | None:
-    """A step-by-step completion (training data). `style="teacher"` writes the tiny-world teacher's
-    Spanish connectives (``pues 98-74=24, luego 39-24=15``); `"plain"` writes bare steps."""
-    if style not in ("plain", "teacher"):
-        raise ValueError(f"style must be 'plain' or 'teacher', got {style!r}")
+    """A step-by-step completion (training data). `style="spanish"` (alias `"teacher"`, the v1 tiny
+    world's name) writes the Spanish connectives (``pues 98-74=24, luego 39-24=15``); `"plain"`
+    writes bare steps."""
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {list(STYLES)}, got {style!r}")
     tree = solve_tree(numbers, target)
     if tree is None:
         return None
     parts = steps(tree)
-    if style == "teacher":
+    if style != "plain":
         first, then = TEACHER_CONNECTIVES
         parts = [f"{first if i == 0 else then} {s}" for i, s in enumerate(parts)]
     return f"<think>{', '.join(parts)}</think><answer>{_render(tree)}</answer>"

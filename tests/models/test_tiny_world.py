@@ -25,9 +25,21 @@ def test_quick_world_loads_offline_with_auto_classes(quick_world, monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     quality = json.loads((quick_world / "quality.json").read_text())
-    for key in ("teacher_countdown3", "student_countdown3", "student_prior", "build_seconds"):
+    for key in (
+        "teacher_countdown3",
+        "teacher_countdown4",
+        "teacher_prior",
+        "student_countdown3",
+        "student_prior",
+        "teacher_nll_on_student_format",
+        "student_nll_on_teacher",
+        "teacher_es_style_share",
+        "teacher_es_countdown3_gap",
+        "build_seconds",
+    ):
         assert key in quality
-    for name, rows in (("teacher", 128), ("student", 112)):
+    assert quality["failed_bars"] == []  # QUICK has no bars
+    for name, rows in (("teacher", 128), ("student", 112), ("teacher-es", 128)):
         tok = AutoTokenizer.from_pretrained(quick_world / name)
         model = AutoModelForCausalLM.from_pretrained(quick_world / name)
         assert len(tok) == 104 and tok.padding_side == "left"
@@ -47,7 +59,7 @@ def test_build_is_reused_and_deterministic(quick_world, tmp_path):
     assert again == json.loads((quick_world / "quality.json").read_text())
     fresh = tmp_path / "tw"
     build(fresh, QUICK)
-    for name in ("teacher", "student"):
+    for name in ("teacher", "student", "teacher-es"):
         a = load_file(quick_world / name / "model.safetensors")
         b = load_file(fresh / name / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -70,12 +82,12 @@ def test_cli_builds_a_quick_world(tmp_path):
 def test_committed_build_is_installed_without_training(quick_world, tmp_path, monkeypatch):
     import distill.models.tiny_world as tw
 
-    monkeypatch.setattr(tw, "ASSETS", quick_world)
     monkeypatch.setattr(tw, "train_model", lambda *a, **k: pytest.fail("installing must not train"))
     out = tmp_path / "installed"
-    quality = tw.build(out, tw.QUICK)
+    quality = tw.build(out, tw.QUICK, assets=quick_world)
     assert quality == json.loads((quick_world / "quality.json").read_text())
-    for name in ("teacher", "student"):
+    assert (out / "build.log").read_text() == (quick_world / "build.log").read_text()
+    for name in ("teacher", "student", "teacher-es"):
         assert (out / name / "model.safetensors").read_bytes() == (
             quick_world / name / "model.safetensors"
         ).read_bytes()
@@ -102,7 +114,148 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path):
 def test_verify_flag_reports_through_the_exit_code(monkeypatch):
     import distill.models.tiny_world as tw
 
-    monkeypatch.setattr(tw, "verify", lambda: True)
+    asked = []
+    monkeypatch.setattr(tw, "verify", lambda recipe, committed: asked.append((recipe, committed)) or True)
     assert tw.main(["--verify"]) == 0
-    monkeypatch.setattr(tw, "verify", lambda: False)
-    assert tw.main(["--verify"]) == 1
+    monkeypatch.setattr(tw, "verify", lambda recipe, committed: asked.append((recipe, committed)) and False)
+    assert tw.main(["--verify", "--version", "v1"]) == 1
+    assert asked == [(tw.V2, tw.assets_dir("v2")), (tw.V1, tw.assets_dir("v1"))]
+
+
+def test_both_versions_have_a_committed_build_matching_their_recipe():
+    import distill.models.tiny_world as tw
+
+    for version, recipe in tw.VERSIONS.items():
+        assert tw.committed_build(recipe) == tw.assets_dir(version)
+        assert tw._is_built(tw.assets_dir(version), recipe), version
+    assert tw.committed_build(tw.QUICK) is None
+    quality = json.loads((tw.assets_dir("v2") / "quality.json").read_text())
+    assert quality["failed_bars"] == [] and all(b.holds(quality[b.key]) for b in tw.V2.bars)
+
+
+def test_v1_training_stream_is_unchanged():
+    """v1's committed weights are what its recipe trains to only if its data stream is unchanged:
+    these rows were read off the stream that trained them."""
+    import itertools
+
+    import distill.models.tiny_world as tw
+
+    teacher = list(itertools.islice(iter(tw.MixtureStream(tw.V1.model("teacher"), 0)), 2))
+    student = list(itertools.islice(iter(tw.MixtureStream(tw.V1.model("student"), 0)), 2))
+    assert teacher == [
+        ("Use 3 1 26 to make 13.\n", "<think>pues 3-1=2, luego 26/2=13</think><answer>26/(3-1)</answer>"),
+        (
+            "Use 16 10 67 to make 61.\n",
+            "<think>pues 16-10=6, luego 67-6=61</think><answer>67-(16-10)</answer>",
+        ),
+    ]
+    assert student == [("Reverse diu=\n", "uid"), ("Reverse nxzfcxrq=\n", "qrxcfzxn")]
+
+
+def test_the_family_reads_one_corpus_and_teacher_es_rewrites_it_in_spanish():
+    import itertools
+
+    import distill.models.tiny_world as tw
+
+    def rows(name, n=3000):
+        return list(itertools.islice(iter(tw.MixtureStream(tw.V2.model(name), tw.V2.seed)), n))
+
+    def of(kind, some):
+        return [r for r in some if r[0].startswith(kind)]
+
+    teacher, student, es = rows("teacher"), rows("student"), rows("teacher-es")
+    # Same seed, same corpus: every addition row the student reads, the teacher reads too (the
+    # streams draw row i of a shared, chunk-seeded pool), and both write one plain style.
+    shared = set(of("Add", teacher)) & set(of("Add", student))
+    assert len(shared) > 0.3 * len(of("Add", teacher))
+    assert not any("pues" in c for _, c in teacher + student)
+    assert {p.count(" ") for p, _ in of("Use", teacher)} == {5, 6}  # Countdown-3 and -4 prompts
+    # teacher-es: the teacher's rows exactly, with every Countdown step in the Spanish style.
+    assert [p for p, _ in es] == [p for p, _ in teacher]
+    for (_, plain), (_, spanish) in zip(of("Use", teacher), of("Use", es)):
+        assert (
+            spanish.startswith("<think>pues ") and spanish.replace("pues ", "").replace("luego ", "") == plain
+        )
+
+
+def test_a_missed_bar_fails_the_build_and_the_world_is_not_reused(tmp_path):
+    from dataclasses import replace
+
+    import distill.models.tiny_world as tw
+
+    strict = replace(tw.QUICK, bars=(tw.Bar("teacher_countdown3", 0.99), tw.Bar("student_prior", high=1.0)))
+    with pytest.raises(tw.BarsMissed, match=r"teacher_countdown3 >= 0.99 \(got 0\.\d+\)"):
+        tw.build(tmp_path / "w", strict)
+    quality = json.loads((tmp_path / "w" / "quality.json").read_text())
+    assert quality["failed_bars"] == [f"teacher_countdown3 >= 0.99 (got {quality['teacher_countdown3']:.3f})"]
+    assert not tw._is_built(tmp_path / "w", strict)
+    assert tw.main(["--quick", "--out", str(tmp_path / "q")]) == 0
+
+
+def test_bars_and_recipes_check_their_values():
+    import distill.models.tiny_world as tw
+
+    bar = tw.Bar("x", 0.1, 0.3)
+    assert bar.holds(0.1) and bar.holds(0.3) and not bar.holds(0.31) and not bar.holds(0.09)
+    assert str(bar) == "0.1 <= x <= 0.3" and str(tw.Bar("y", high=1.0)) == "y <= 1.0"
+    with pytest.raises(ValueError, match="mixture task must be one of"):
+        tw.ModelRecipe(1, 8, 1, 8, 1, 1e-3, mixture=(("countdown9", 1.0),))
+    with pytest.raises(ValueError, match="mixture weight of 'addition' must be >= 0"):
+        tw.ModelRecipe(1, 8, 1, 8, 1, 1e-3, mixture=(("addition", -1.0),))
+    with pytest.raises(ValueError, match="style must be one of"):
+        tw.ModelRecipe(1, 8, 1, 8, 1, 1e-3, style="french")
+
+
+def test_build_log_shows_progress_for_every_model(quick_world):
+    log = (quick_world / "build.log").read_text().splitlines()
+    for name, steps in (("teacher", 30), ("student", 30), ("teacher-es", 10)):
+        lines = [line for line in log if f"] {name}: step " in line]
+        assert 2 <= len(lines) <= 20 and f"step {steps}/{steps}" in lines[-1]
+        assert "loss" in lines[-1] and "ETA 0m00s" in lines[-1]
+    assert any("measuring teacher-es" in line for line in log) and "done in" in log[-1]
+
+
+def test_v1_names_resolve_to_their_own_folder(tmp_path, monkeypatch):
+    from distill.models.loading import check_model_path
+
+    monkeypatch.setenv("DISTILL_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="distill tiny-world --version v1"):
+        check_model_path("tiny-world-v1:teacher", "model.teacher")
+    with pytest.raises(FileNotFoundError, match=r"run `distill tiny-world` first"):
+        check_model_path("tiny-world:teacher-es", "model.teacher")
+    (tmp_path / "tiny-world-v1" / "teacher").mkdir(parents=True)
+    (tmp_path / "tiny-world-v1" / "teacher" / "config.json").write_text("{}")
+    assert check_model_path("tiny-world-v1:teacher", "model.teacher") == str(
+        tmp_path / "tiny-world-v1" / "teacher"
+    )
+
+
+def test_an_interrupted_build_resumes_from_its_trained_models(quick_world, tmp_path):
+    import shutil
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    import distill.models.tiny_world as tw
+
+    out = tmp_path / "w"
+    shutil.copytree(quick_world, out)
+    shutil.rmtree(out / "teacher-es")  # killed while training teacher-es
+    (out / "quality.json").unlink()
+    quality = tw.build(out, tw.QUICK)
+    assert quality["resumed_models"] == ["teacher", "student"]
+    for name in ("teacher", "student", "teacher-es"):
+        a = load_file(quick_world / name / "model.safetensors")
+        b = load_file(out / name / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    assert any(
+        "reusing teacher: trained earlier" in line for line in (out / "build.log").read_text().splitlines()
+    )
+    # A changed recipe retrains what it changes and what starts from it, nothing else.
+    es = replace(tw.QUICK.model("teacher-es"), steps=5)
+    changed = replace(tw.QUICK, models=(*tw.QUICK.models[:2], ("teacher-es", es)))
+    assert tw.build(out, changed)["resumed_models"] == ["teacher", "student"]
+    assert tw._stamp(changed, "teacher-es") != tw._stamp(tw.QUICK, "teacher-es")
+    assert tw._stamp(changed, "teacher") == tw._stamp(tw.QUICK, "teacher")
+    # --force retrains everything.
+    assert tw.build(out, tw.QUICK, force=True)["resumed_models"] == []

@@ -63,7 +63,8 @@ def test_teacher_style_marks_every_step_and_plain_never_does():
     import re
 
     numbers, target = (74, 98, 39), 15
-    teacher = countdown.solution(numbers, target, style="teacher")
+    teacher = countdown.solution(numbers, target, style="spanish")
+    assert countdown.solution(numbers, target, style="teacher") == teacher  # v1's name
     plain = countdown.solution(numbers, target, style="plain")
     assert re.search(countdown.STYLE_PATTERN, teacher)
     assert not re.search(countdown.STYLE_PATTERN, plain)
