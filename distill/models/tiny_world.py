@@ -176,7 +176,6 @@ QUICK = Recipe(
 )  # fmt: skip
 
 VERSIONS = {"v2": V2, "v1": V1}
-FULL = V2
 
 
 def default_dir(version: str = "v2") -> Path:

@@ -169,7 +169,7 @@ def test_the_family_reads_one_corpus_and_teacher_es_rewrites_it_in_spanish():
     shared = set(of("Add", teacher)) & set(of("Add", student))
     assert len(shared) > 0.3 * len(of("Add", teacher))
     assert not any("pues" in c for _, c in teacher + student)
-    assert {p.count(" ") for p, _ in of("Use", teacher)} == {5, 6}  # Countdown-3 and -4 prompts
+    assert {p.count(" ") for p, _ in of("Use", teacher)} == {6, 7}  # Countdown-3 and -4 prompts
     # teacher-es: the teacher's rows exactly, with every Countdown step in the Spanish style.
     assert [p for p, _ in es] == [p for p, _ in teacher]
     for (_, plain), (_, spanish) in zip(of("Use", teacher), of("Use", es)):
