@@ -13,7 +13,7 @@ worse in 59 of 60 runs (experiments/LOG.md); it stays as the mismatched-teacher 
 
     distill tiny-world                       # v2 into $DISTILL_CACHE/tiny-world (seconds: committed build)
     distill tiny-world --version v1          # v1 into $DISTILL_CACHE/tiny-world-v1
-    distill tiny-world --force               # retrain v2 (about 20 min on 2 cores)
+    distill tiny-world --force               # retrain v2 (46 min on 2 AVX2 cores; resumes if cut short)
     distill tiny-world --verify              # retrain in a temporary folder, compare every tensor
     distill tiny-world --quick --out /tmp/tw # a low-quality world in under a minute (tests)
 

@@ -1,4 +1,5 @@
-"""The committed tiny-world v1 study (`experiments/results/tiny_grid_v1`) regenerates with `distill report`."""
+"""Committed sweep archives regenerate with `distill report`: the tiny-world v1 study
+(`experiments/results/tiny_grid_v1`) and the first v2 demo (`experiments/results/demo_v2`)."""
 
 from __future__ import annotations
 
@@ -8,27 +9,32 @@ import pytest
 
 from distill.experiments.report import main
 
-RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results" / "tiny_grid_v1"
+ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
 
-@pytest.mark.skipif(not RESULTS.is_dir(), reason="no committed tiny_grid_v1 results")
-def test_committed_report_regenerates_from_committed_files(tmp_path):
-    runs = [p for p in RESULTS.iterdir() if (p / "metrics.json").is_file()]
-    assert len(runs) == 60
+@pytest.mark.parametrize(
+    ("name", "n_runs", "references"), [("tiny_grid_v1", 60, False), ("demo_v2", 4, True)]
+)
+def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_runs, references):
+    results = ROOT / name
+    runs = [p for p in results.iterdir() if (p / "metrics.json").is_file()]
+    assert len(runs) == n_runs
     for run in runs:  # what the archive keeps, and nothing heavy
         assert {"config.yaml", "env.json", "metrics.json", "settings.json", "curves.csv"} <= {
             p.name for p in run.iterdir()
         }
         assert not (run / "checkpoints").exists() and not (run / "tensorboard").exists()
     out = tmp_path / "report"
-    assert main([str(RESULTS), "--out", str(out)]) == 0
-    committed = RESULTS / "report"
+    assert main([str(results), "--out", str(out)]) == 0
+    committed = results / "report"
     assert (out / "runs.csv").read_text() == (committed / "runs.csv").read_text()
     regenerated = (out / "report.md").read_text().splitlines()
     expected = (committed / "report.md").read_text().splitlines()
     # Line 3 names the directory the report was read from; everything else must match exactly.
     assert regenerated[:2] + regenerated[3:] == expected[:2] + expected[3:]
-    assert "No reference runs (start, teacher) in this sweep" in regenerated[4]  # it predates them
+    # v1 predates reference runs; the v2 demo shows the start and the teacher as rows.
+    assert ("No reference runs (start, teacher) in this sweep" in regenerated[4]) is not references
+    assert ("| start (step 0) |" in "\n".join(regenerated)) is references
     assert sorted(p.name for p in (out / "plots").iterdir()) == sorted(
         p.name for p in (committed / "plots").iterdir()
     )
