@@ -33,7 +33,7 @@ def greedy_completions(
 
 
 def countdown_eval(model, tokenizer, problems, max_new_tokens: int = 96) -> dict[str, float]:
-    """Greedy accuracy and the share of completions in the teacher's style."""
+    """Greedy accuracy and the share of completions in the Spanish style (`countdown.STYLE_PATTERN`)."""
     texts = greedy_completions(model, tokenizer, [countdown.prompt(*p) for p in problems], max_new_tokens)
     correct = [countdown.score(t, *p) for t, p in zip(texts, problems)]
     styled = [bool(re.search(countdown.STYLE_PATTERN, t)) for t in texts]

@@ -481,14 +481,22 @@ def _stamp(recipe: Recipe, name: str) -> dict:
     return {"name": name, "models": chain, "seed": recipe.seed, "threads": recipe.threads}
 
 
-def _finished_model(folder: Path, stamp: dict):
-    """(model, train seconds) when `folder` holds a model trained from `stamp`, else None."""
+def _record_matches(folder: Path, stamp: dict) -> bool:
+    """`folder` holds a complete model trained from `stamp` (an earlier build's, kept on resume)."""
     try:
         record = json.loads((folder / MODEL_RECORD).read_text())
     except (OSError, ValueError):
+        return False
+    return record.get("stamp") == stamp and all(
+        (folder / f).is_file() for f in ("config.json", "model.safetensors")
+    )
+
+
+def _finished_model(folder: Path, stamp: dict):
+    """(model, train seconds) when `folder` holds a model trained from `stamp`, else None."""
+    if not _record_matches(folder, stamp):
         return None
-    if record.get("stamp") != stamp or not (folder / "model.safetensors").exists():
-        return None
+    record = json.loads((folder / MODEL_RECORD).read_text())
     model = LlamaForCausalLM.from_pretrained(folder)
     return model.eval(), float(record.get("train_seconds", 0.0))
 
@@ -502,17 +510,21 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
 
     Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
     committed build (`assets`, byte-identical to what training produces here, see `verify`) is
-    installed instead of retrained, and an interrupted or failed build resumes: each model already
-    trained in `out` with the same recipe, seed and threads (`tiny_world.json` beside it) is loaded,
-    not retrained. After training, every bar of the recipe is checked; a missed bar raises
+    installed instead of retrained, unless `out` holds models of an interrupted or failed build of
+    this recipe: then the build resumes, and each model already trained in `out` with the same
+    recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
+    retrains everything). After training, every bar of the recipe is checked; a missed bar raises
     `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
     if not force and _is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
-    if not force and assets is not None and _is_built(assets, recipe):
+    partial = [name for name, _ in recipe.models if _record_matches(out / name, _stamp(recipe, name))]
+    if not force and not partial and assets is not None and _is_built(assets, recipe):
         print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
+        for extra in ("quality.json", "build.log"):
+            (out / extra).unlink(missing_ok=True)
         for name, _ in recipe.models:
             _replace_dir(out / name, lambda tmp, name=name: shutil.copytree(assets / name, tmp))
         for extra in ("quality.json", "build.log"):
@@ -566,6 +578,7 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
     quality["recipe"] = _recipe_json(recipe)
     write_json_atomic(out / "quality.json", quality)
     log(f"done in {_duration(quality['build_seconds'])}; quality figures in {out / 'quality.json'}")
+    log("every validity bar met" if not failed else "FAILED validity bars: " + "; ".join(failed))
     if failed:
         raise BarsMissed(
             f"the tiny world in {out} misses {len(failed)} validity bar(s): " + "; ".join(failed)
@@ -585,7 +598,7 @@ def _replace_dir(target: Path, fill) -> None:
 
 def verify(recipe: Recipe = V2, committed: Path | None = None) -> bool:
     """Retrain `recipe` from scratch and check that every weight equals the committed build's."""
-    committed = Path(committed or assets_dir("v2"))
+    committed = Path(committed or committed_build(recipe) or assets_dir("v2"))
     from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -628,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.verify:
         return 0 if verify(VERSIONS[args.version], assets_dir(args.version)) else 1
+    if args.quick and args.out is None:
+        parser.error("--quick needs --out DIR (a random-quality world must not replace the real one)")
     out = args.out or default_dir(args.version)
     recipe = QUICK if args.quick else VERSIONS[args.version]
     try:
