@@ -8,9 +8,8 @@ import torch
 from torch import Tensor
 
 from distill.data.module import PromptCollator
-from distill.models.forward import causal_logits
+from distill.models.forward import causal_logits, eval_no_grad
 from distill.rollout import RolloutBatch, RolloutSampler
-from distill.rollout.decoding import eval_no_grad
 
 
 def prompt_collator(trainer, pl_module):

@@ -6,29 +6,26 @@ import re
 
 import torch
 
-from distill.models.forward import causal_logits
+from distill.models.forward import causal_logits, eval_no_grad
 from distill.tasks import countdown, prior
 
 
-@torch.no_grad()
 def greedy_completions(
     model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 250
 ) -> list[str]:
     """Greedy completions (special tokens dropped) for left-padded batches of prompts."""
-    was_training = model.training
-    model.eval()
     texts: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True).to(model.device)
-        out = model.generate(
-            **enc,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    model.train(was_training)
+    with eval_no_grad(model):
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True).to(model.device)
+            out = model.generate(
+                **enc,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return texts
 
 
@@ -47,30 +44,27 @@ def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_toke
     return sum(prior.score(t, e.task, e.query) for t, e in zip(texts, examples)) / len(examples)
 
 
-@torch.no_grad()
 def sampled_completions(
     model, tokenizer, prompts: list[str], max_new_tokens: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """T=1 samples from the full distribution over the tokenizer's vocabulary (no top-k/top-p; padded
     embedding rows suppressed), seeded: the prompts' attention mask `[N, P]` (left padded) and the
     token ids `[N, P + new]`."""
-    was_training = model.training
-    model.eval()
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     rows = model.get_output_embeddings().weight.shape[0]
     torch.manual_seed(seed)
-    out = model.generate(
-        **enc,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        suppress_tokens=list(range(len(tokenizer), rows)) or None,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.train(was_training)
+    with eval_no_grad(model):
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            suppress_tokens=list(range(len(tokenizer), rows)) or None,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     return enc["attention_mask"], out
 
 
@@ -90,10 +84,8 @@ def judge_nll(judge, writer, tokenizer, prompts: list[str], max_new_tokens: int 
     eos = (new == tokenizer.eos_token_id).int()
     keep = (eos.cumsum(1) - eos) == 0
     attention = torch.cat([prompt_mask, keep.long()], dim=1)
-    was_training = judge.training
-    judge.eval()
-    logits = causal_logits(judge, ids, attention, len(tokenizer))[:, width - 1 :].float()
-    judge.train(was_training)
+    with eval_no_grad(judge):
+        logits = causal_logits(judge, ids, attention, len(tokenizer))[:, width - 1 :].float()
     nll = -torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
     digit_ids = torch.tensor([tokenizer.convert_tokens_to_ids(d) for d in "0123456789"])
     is_digit = torch.isin(new, digit_ids)

@@ -1,11 +1,15 @@
-"""What the LightningModules and callbacks share about a causal LM: its logits over the real
-vocabulary, a state-dict hook that keeps frozen models out of checkpoints, and export."""
+"""What the LightningModules, callbacks and evaluations share about a causal LM: its logits over
+the real vocabulary, eval mode without gradients, a state-dict hook that keeps frozen models out
+of checkpoints, and export."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch import nn
 
 
 def causal_logits(
@@ -16,6 +20,21 @@ def causal_logits(
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     return logits[:, :-1, :vocab_size]
+
+
+@contextmanager
+def eval_no_grad(*models: nn.Module) -> Iterator[None]:
+    """Eval mode and `torch.no_grad()` for the duration; every submodule's mode is restored after."""
+    modes = {id(m): (m, m.training) for model in models for m in model.modules()}
+    for model in models:
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        # Set the flag itself: `Module.train(mode)` would recurse and undo the children's modes.
+        for module, training in modes.values():
+            module.training = training
 
 
 def drop_from_state_dict(name: str):

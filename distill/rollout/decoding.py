@@ -10,8 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,21 +97,6 @@ def choose_tokens(
         return logits.argmax(dim=-1)
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
     return streams.categorical(probs)
-
-
-@contextmanager
-def eval_no_grad(*models: nn.Module) -> Iterator[None]:
-    """Eval mode and `torch.no_grad()` for the duration; every submodule's mode is restored after."""
-    modes = {id(m): (m, m.training) for model in models for m in model.modules()}
-    for model in models:
-        model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        # Set the flag itself: `Module.train(mode)` would recurse and undo the children's modes.
-        for module, training in modes.values():
-            module.training = training
 
 
 def logit_width(model: nn.Module) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from distill.models.forward import eval_no_grad
 from distill.rollout.batch import RolloutBatch
 from distill.rollout.cache import RolloutCache, row_key, teacher_identity
 from distill.rollout.decoding import (
@@ -20,7 +21,6 @@ from distill.rollout.decoding import (
     choose_tokens,
     decode,
     derive_seed,
-    eval_no_grad,
     logit_width,
     model_token_id,
     strip_common_padding,

@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from distill.models.forward import eval_no_grad
 from distill.rollout import filter_logits
-from distill.rollout.decoding import RowStreams, derive_seed, eval_no_grad, logit_width
+from distill.rollout.decoding import RowStreams, derive_seed, logit_width
 
 
 def hf_filter(logits, temperature, top_k, top_p):
