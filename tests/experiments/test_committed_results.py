@@ -1,5 +1,6 @@
 """Committed sweep archives regenerate with `distill report`: the tiny-world v1 study
-(`experiments/results/tiny_grid_v1`) and the first v2 demo (`experiments/results/demo_v2`)."""
+(`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`) and the v2
+run-length sizing (`experiments/results/v2_sizing`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
 
 @pytest.mark.parametrize(
-    ("name", "n_runs", "references"), [("tiny_grid_v1", 60, False), ("demo_v2", 4, True)]
+    ("name", "n_runs", "references"),
+    [("tiny_grid_v1", 60, False), ("demo_v2", 4, True), ("v2_sizing", 2, True)],
 )
 def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_runs, references):
     results = ROOT / name
