@@ -8,6 +8,7 @@ import lightning as L
 import torch
 
 from distill.callbacks.generation import log_scalars
+from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int
 
 TOKEN_KEYS = (
@@ -71,6 +72,7 @@ class CostMeter(L.Callback):
 
     def __init__(self, every_n_steps: int = 1):
         self.every_n_steps = check_int("CostMeter", "every_n_steps", every_n_steps, 1)
+        self.interval = StepInterval(self.every_n_steps)
         self.tokens = dict.fromkeys((*TOKEN_KEYS, "teacher_train_forward_tokens", "student_train_tokens"), 0)
         self.times = dict.fromkeys(PHASES, 0.0)
         self.wall_before = 0.0  # fit seconds of earlier (resumed-from) sessions
@@ -91,9 +93,12 @@ class CostMeter(L.Callback):
             "teacher": matmul_parameters(teacher) if teacher is not None else 0,
         }
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.interval.batch_start(trainer)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.add_step(outputs)
-        if trainer.global_step % self.every_n_steps == 0:
+        if self.interval.due_after(trainer):
             log_scalars(trainer, self.metrics())
 
     def add_step(self, outputs: dict) -> None:

@@ -9,6 +9,7 @@ import lightning as L
 import torch.nn.functional as F
 
 from distill.callbacks.generation import log_scalars, next_token_logits, student_rollouts
+from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int, check_tasks
 from distill.rollout import RolloutSampler
 from distill.tasks.registry import get_task
@@ -78,6 +79,7 @@ class Forgetting(L.Callback):
         self.sets = check_tasks(owner, "sets", list(sets)) if list(sets) else []
         self.num_examples = check_int(owner, "num_examples", num_examples, 1)
         self.every_n_steps = check_int(owner, "every_n_steps", every_n_steps, 1)
+        self.interval = StepInterval(self.every_n_steps)
         self.nll_texts = load_nll_texts(nll_texts)
         self.max_new_tokens = check_int(owner, "max_new_tokens", max_new_tokens, 1)
         self.batch_size = check_int(owner, "batch_size", batch_size, 1)
@@ -97,8 +99,11 @@ class Forgetting(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.interval.batch_start(trainer)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
+        if self.interval.due_after(trainer):
             self._measure(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from distill.callbacks.generation import log_scalars
+from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int
 
 SPLITS = ("", "_teacher_tokens", "_student_tokens")
@@ -34,6 +35,7 @@ class GradientStats(L.Callback):
 
     def __init__(self, every_n_steps: int = 1):
         self.every_n_steps = check_int("GradientStats", "every_n_steps", every_n_steps, 1)
+        self.interval = StepInterval(self.every_n_steps)
         self.active = False
         self._reset_step()
         # Run totals: squared-norm sums and token counts per split, and param-norm sum and count.
@@ -75,8 +77,9 @@ class GradientStats(L.Callback):
         pl_module.logit_grad_sink = self
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        # global_step counts finished optimiser steps: this batch ends step global_step + 1.
-        self.active = (trainer.global_step + 1) % self.every_n_steps == 0
+        # Armed for the whole batch when one of its optimiser steps is a multiple of N (a GRPO batch
+        # takes `num_iterations` steps; their micro-batches are accumulated into one value).
+        self.active = self.interval.due_before(trainer, pl_module)
         self._reset_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

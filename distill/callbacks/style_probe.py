@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 import lightning as L
 
 from distill.callbacks.generation import datamodule_option, log_scalars, student_rollouts
+from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int, check_optional_int, check_tasks
 from distill.rollout import RolloutSampler
 from distill.tasks.countdown import STYLE_PATTERN
@@ -98,6 +99,7 @@ class StyleProbe(L.Callback):
         self.task = check_tasks(owner, "task", [task])[0]
         self.num_prompts = check_int(owner, "num_prompts", num_prompts, 1)
         self.every_n_steps = check_int(owner, "every_n_steps", every_n_steps, 1)
+        self.interval = StepInterval(self.every_n_steps)
         self.max_new_tokens = check_optional_int(owner, "max_new_tokens", max_new_tokens, 1)
         self.batch_size = check_int(owner, "batch_size", batch_size, 1)
         self.rows = get_task(self.task).rows(num_prompts, seed=ROWS_SEED)
@@ -108,8 +110,11 @@ class StyleProbe(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.interval.batch_start(trainer)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
+        if self.interval.due_after(trainer):
             self._measure(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from safetensors.torch import load_file, save_file
 
 from distill.callbacks.generation import log_scalars
+from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_float, check_int
 from distill.metrics import update_sparsity
 
@@ -51,6 +52,7 @@ class UpdateSparsity(L.Callback):
         snapshot_path: str | None = None,
     ):
         self.every_n_steps = check_int("UpdateSparsity", "every_n_steps", every_n_steps, 1)
+        self.interval = StepInterval(self.every_n_steps)
         self.atol = check_float("UpdateSparsity", "atol", atol)
         self.offload_to_cpu = bool(offload_to_cpu)
         self.snapshot_path = None if snapshot_path is None else str(snapshot_path)
@@ -105,8 +107,11 @@ class UpdateSparsity(L.Callback):
             write = getattr(trainer, "is_global_zero", True)
             self.take_snapshot(pl_module.student, self._path(trainer), write=write)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.interval.batch_start(trainer)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
+        if self.interval.due_after(trainer):
             self.measure(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
