@@ -7,15 +7,11 @@ hit 5). A batch is due when a multiple of `n` lies among the steps it takes."""
 from __future__ import annotations
 
 
-def steps_per_batch(trainer, pl_module) -> int:
-    """Optimiser steps the coming batch will take: the module's `num_iterations` (1 when it has
-    none), cut at `max_steps` as the module does."""
-    hparams = getattr(pl_module, "hparams", None) or {}
-    passes = int(hparams.get("num_iterations", 1))
-    max_steps = getattr(trainer, "max_steps", -1)  # -1 or None: no limit
-    if max_steps is not None and max_steps > 0:
-        passes = max(1, min(passes, max_steps - trainer.global_step))
-    return passes
+def steps_per_batch(pl_module) -> int:
+    """Optimiser steps the coming batch takes, as the module says (`optimizer_steps_per_batch`,
+    e.g. GRPO's `num_iterations` cut at `max_steps`); 1 for modules that step once per batch."""
+    steps = getattr(pl_module, "optimizer_steps_per_batch", None)
+    return steps() if steps is not None else 1
 
 
 class StepInterval:
@@ -35,7 +31,7 @@ class StepInterval:
 
     def due_before(self, trainer, pl_module) -> bool:
         step = trainer.global_step
-        return self._crosses(step, step + steps_per_batch(trainer, pl_module))
+        return self._crosses(step, step + steps_per_batch(pl_module))
 
     def due_after(self, trainer) -> bool:
         return self._crosses(self.before, trainer.global_step)

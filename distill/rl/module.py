@@ -304,15 +304,21 @@ class GRPOModule(L.LightningModule):
             del logits, logp, per_token, loss
         return sums
 
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimiser steps the coming batch takes: `num_iterations`, cut so that the run never steps
+        past `max_steps` (which counts optimiser steps). Measurement intervals read it too."""
+        passes = self.hparams.num_iterations
+        if self.trainer.max_steps > 0:
+            passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
+        return passes
+
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         """`num_iterations` optimiser steps on one rollout batch. Returns what measurement callbacks
         read in `on_train_batch_end` (see the module docstring): the mean loss over passes, the
         rollout, the step's completion-token count, the last pass's gradient norm, wall seconds per
         phase and the tokens each model processed."""
         step = self.prepare(batch)
-        passes = self.hparams.num_iterations
-        if self.trainer.max_steps > 0:  # max_steps counts optimiser steps: never step past it
-            passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
+        passes = self.optimizer_steps_per_batch()
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         timings = {"reference_forward": 0.0, "student_forward_backward": 0.0}
         totals: dict[str, float] = {}
