@@ -31,6 +31,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.tasks.registry import get_task
+from distill.training import NonFiniteGuard, check_optimizer
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
@@ -56,6 +57,9 @@ class DistillationModule(L.LightningModule):
         log_text_every: log a few rollouts (teacher-written spans marked) to TensorBoard every N
             optimiser steps (0 = never).
         num_text_samples: rollouts per text log.
+        max_nonfinite_steps: a step with a non-finite loss or gradient norm is skipped (weights
+            untouched; counted as `train/nonfinite_steps`); this many in a row stop the run as
+            diverged (`distill.guard.NonFiniteGuard`).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class DistillationModule(L.LightningModule):
         teacher_dtype: str = "float32",
         log_text_every: int = 50,
         num_text_samples: int = 2,
+        max_nonfinite_steps: int = 5,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
@@ -82,6 +87,8 @@ class DistillationModule(L.LightningModule):
             raise ValueError(f"model.gradient_clip_val must be None or > 0, got {gradient_clip_val!r}")
         if not isinstance(log_text_every, int) or log_text_every < 0:
             raise ValueError(f"model.log_text_every must be an integer >= 0, got {log_text_every!r}")
+        self.guard = NonFiniteGuard(max_nonfinite_steps)
+        check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(teacher_dtype, "model.teacher_dtype")
         # Fail before any model is loaded: paths exist, tokenizers agree (tokenizers are cheap).
@@ -147,12 +154,13 @@ class DistillationModule(L.LightningModule):
         clip = self.hparams.gradient_clip_val
         grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
         t0 = time.perf_counter()
-        optimizer.step()
+        if self.guard.step_ok(means[0], grad_norm, self._trainer):
+            optimizer.step()
+            scheduler = self.lr_schedulers()
+            if scheduler is not None:
+                scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         timings["student_forward_backward"] += time.perf_counter() - t0
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            scheduler.step()
         self._log_step(rollout, means, grad_norm, optimizer)
         real_tokens = int(rollout.attention_mask.sum())
         return {
@@ -214,6 +222,7 @@ class DistillationModule(L.LightningModule):
         self.log("train/completion_length", lengths.mean())
         self.log("train/grad_norm", grad_norm)
         self.log("train/lr", optimizer.param_groups[0]["lr"])
+        self.log("train/nonfinite_steps", float(self.guard.skipped))
         every = self.hparams.log_text_every
         if every and (self.global_step - 1) % every == 0 and isinstance(self.logger, TensorBoardLogger):
             texts = rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
@@ -221,6 +230,13 @@ class DistillationModule(L.LightningModule):
             self.logger.experiment.add_text(
                 "rollouts", f"teacher-written spans in ⟦ ⟧\n\n{body}", self.global_step
             )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["nonfinite_guard"] = self.guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "nonfinite_guard" in checkpoint:
+            self.guard.load_state_dict(checkpoint["nonfinite_guard"])
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:

@@ -55,6 +55,7 @@ from distill.rl.objective import (
 )
 from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
+from distill.training import NonFiniteGuard, check_optimizer
 
 
 @dataclass
@@ -106,6 +107,8 @@ class GRPOModule(L.LightningModule):
         reference_dtype: dtype of the frozen reference.
         log_text_every: log a few scored completions to TensorBoard every N rollout batches (0 = never).
         num_text_samples: completions per text log.
+        max_nonfinite_steps: an optimiser step with a non-finite loss or gradient norm is skipped
+            (counted as `train/nonfinite_steps`); this many in a row stop the run as diverged.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class GRPOModule(L.LightningModule):
         reference_dtype: str = "float32",
         log_text_every: int = 50,
         num_text_samples: int = 4,
+        max_nonfinite_steps: int = 5,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -148,6 +152,8 @@ class GRPOModule(L.LightningModule):
         ):
             if not ok:
                 raise ValueError(f"model.{field} must be {allowed}, got {locals()[field]!r}")
+        self.guard = NonFiniteGuard(max_nonfinite_steps)
+        check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(reference_dtype, "model.reference_dtype")
         self.student_path = check_model_path(student, "model.student")
@@ -331,10 +337,11 @@ class GRPOModule(L.LightningModule):
             t0 = time.perf_counter()
             clip = self.hparams.gradient_clip_val
             grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
-            optimizer.step()
+            if self.guard.step_ok(sums["loss"], grad_norm, self._trainer):
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
             timings["student_forward_backward"] += time.perf_counter() - t0
         timings["reference_forward"] += totals["reference_s"]
         timings["student_forward_backward"] += totals["policy_s"]
@@ -377,6 +384,7 @@ class GRPOModule(L.LightningModule):
         self.log("train/completion_length", lengths.mean(), batch_size=n)
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
+        self.log("train/nonfinite_steps", float(self.guard.skipped), batch_size=n)
         every = self.hparams.log_text_every
         batch_index = (self.global_step - passes) // self.hparams.num_iterations  # rollout batches so far
         if every and batch_index % every == 0 and isinstance(self.logger, TensorBoardLogger):
@@ -385,6 +393,13 @@ class GRPOModule(L.LightningModule):
                 f"    [reward {float(r):g}] {t}".replace("\n", "\n    ") for r, t in zip(step.rewards, texts)
             )
             self.logger.experiment.add_text("completions", body, self.global_step)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["nonfinite_guard"] = self.guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "nonfinite_guard" in checkpoint:
+            self.guard.load_state_dict(checkpoint["nonfinite_guard"])
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from distill.errors import Diverged
+
 # rule(logits per model [b, V] float32, streams) -> (tokens [b], teacher_written [b] bool)
 StepRule = Callable[[list[Tensor], "RowStreams"], tuple[Tensor, Tensor]]
 
@@ -83,10 +85,19 @@ class RowStreams:
         return torch.cat([torch.rand(1, generator=g, device=device) for g in self.generators])
 
     def categorical(self, probs: Tensor) -> Tensor:
-        """One sample per row of `probs` [n, V]."""
-        if self.generators is None:
-            return torch.multinomial(probs, 1, generator=self.shared).squeeze(-1)
-        return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators)])
+        """One sample per row of `probs` [n, V]; `Diverged` if they are not finite (checked only
+        when sampling fails, so the common path costs no device sync)."""
+        try:
+            if self.generators is None:
+                return torch.multinomial(probs, 1, generator=self.shared).squeeze(-1)
+            return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators)])
+        except RuntimeError:
+            if not bool(torch.isfinite(probs).all()):
+                raise Diverged(
+                    "a model's next-token probabilities are not finite (nan/inf) while sampling "
+                    "rollouts: its weights have diverged"
+                ) from None
+            raise
 
 
 def choose_tokens(

@@ -1,0 +1,9 @@
+"""Errors that cross layers: a run whose numbers stopped being numbers."""
+
+from __future__ import annotations
+
+
+class Diverged(RuntimeError):
+    """Training produced non-finite values it cannot recover from: too many optimiser steps in a
+    row with a non-finite loss or gradient norm, or a model whose next-token probabilities are no
+    longer finite. `distill fit` ends such a run with `status: diverged` and this message."""

@@ -1,0 +1,64 @@
+"""What both LightningModules (distillation, GRPO) share about an optimiser step.
+
+`NonFiniteGuard` skips an optimiser step whose loss or gradient norm is not finite; after
+`patience` such steps in a row it stops the run (`distill.errors.Diverged`). A skipped step leaves the weights, the optimiser state and the LR schedule untouched (its
+gradients are dropped), so the last checkpoint before the divergence and the weights at the stop
+are the same good weights. Under DDP the decision is taken on every rank together."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from distill.errors import Diverged
+
+
+def check_optimizer(optimizer, lr_scheduler=None, owner: str = "model") -> None:
+    """Build the optimiser (and schedule) once over a dummy parameter, so that an invalid setting
+    (a negative learning rate, betas outside [0, 1), ...) fails before any model is loaded."""
+    probe = torch.nn.Parameter(torch.zeros(1))
+    try:
+        built = optimizer([probe])
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{owner}.optimizer: {err}") from None
+    if lr_scheduler is not None:
+        try:
+            lr_scheduler(built)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{owner}.lr_scheduler: {err}") from None
+
+
+class NonFiniteGuard:
+    def __init__(self, patience: int, owner: str = "model.max_nonfinite_steps"):
+        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
+            raise ValueError(f"{owner} must be an integer >= 1, got {patience!r}")
+        self.patience = patience
+        self.skipped = 0  # non-finite steps in the whole run
+        self.in_a_row = 0
+
+    def step_ok(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float, trainer=None) -> bool:
+        """Whether the step may update the weights; counts it when not, and raises `Diverged` at
+        `patience` bad steps in a row."""
+        bad = not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm)))
+        if trainer is not None:  # every rank skips together (a NaN on one rank reaches all via DDP)
+            bad = bool(trainer.strategy.reduce_boolean_decision(bad, all=False))
+        if not bad:
+            self.in_a_row = 0
+            return True
+        self.skipped += 1
+        self.in_a_row += 1
+        if self.in_a_row >= self.patience:
+            step = f" after optimiser step {trainer.global_step}" if trainer is not None else ""
+            raise Diverged(
+                f"{self.in_a_row} steps in a row had a non-finite loss or gradient norm{step} "
+                f"(last: loss {float(loss)}, gradient norm {float(grad_norm)}); lower the learning "
+                "rate or raise the divergence temperature"
+            )
+        return False
+
+    def state_dict(self) -> dict:
+        return {"skipped": self.skipped, "in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped, self.in_a_row = int(state["skipped"]), int(state["in_a_row"])
