@@ -2,83 +2,343 @@
 and `RolloutDataModule`, with a run directory.
 
     distill fit --config configs/tiny/fkl_mix0.yaml --run_dir runs/fkl_mix0
+    distill fit --config configs/tiny/fkl_mix0.yaml --run_dir runs/fkl_mix0 --ckpt_path last  # resume
     distill fit --config configs/tiny/fkl_mix0.yaml --print_config
 
 A run directory holds `config.yaml` (the resolved config), `env.json` (package versions, git
-revision), `tensorboard/`, `checkpoints/` (`last.ckpt`; no teacher tensors), `student/` (the
-exported student) and, written last and atomically, `metrics.json` (`status: finished`, the final
-training/validation/test values and the callbacks' summaries). A bad config fails before any model
-is loaded with one line naming the field, the value and what is allowed.
+revision), `tensorboard/`, `checkpoints/last.ckpt` (every `--checkpoint_every_n_steps` optimiser
+steps and at the end of training; written atomically; no teacher tensors), `student/` (the exported
+student) and, written last and atomically, `metrics.json`: `status` is `finished` only when
+training, export and testing all finished, `diverged` (with a `reason`) when the non-finite guard
+stopped the run; metrics are strict JSON (NaN/inf as null, listed under `nonfinite`).
+
+What a fit guarantees (`distill.rundir`): the run directory is locked while the fit runs; a
+finished run is never overwritten without `--overwrite`; a directory with a checkpoint is resumed
+(`--ckpt_path last`), never silently restarted; a resume reproduces the uninterrupted run (data
+order, rollouts, callbacks' state) and refuses a config that differs from the checkpoint's unless
+`--allow_config_change` (then recorded in `config_changes.json`). Bad settings fail before any
+model is loaded with one line naming the field, the value and what to do.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sys
 import time
+import uuid
 import warnings
 from pathlib import Path
 
 import lightning as L
 import yaml
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.data import RolloutDataModule
+from distill.errors import Diverged
+from distill.rundir import (
+    AtomicCheckpointIO,
+    RunDirError,
+    RunLock,
+    RunRecord,
+    config_changes,
+    finite_metrics,
+    read_checkpoint_record,
+)
 from distill.runinfo import environment, write_json_atomic
+
+LAST_CKPT = Path("checkpoints") / "last.ckpt"
+# What a fit writes into its run directory (an --overwrite or a fresh start removes these only).
+FIT_OUTPUTS = (
+    "config.yaml",
+    "env.json",
+    "tensorboard",
+    "checkpoints",
+    "student",
+    "theta0.safetensors",
+    "metrics.json",
+    "config_changes.json",
+)
+# Settings whose state the checkpoint restores, so a resume cannot change them (the optimiser's
+# own hyperparameters, `...optimizer.init_args.*`, can: RunRecord applies them to its state).
+RESUME_FIXED = ("model.init_args.optimizer.class_path", "model.init_args.lr_scheduler")
+OPTIMIZER_ARGS = "model.init_args.optimizer.init_args."
+DEFAULT_RUN_DIR_ENV = "DISTILL_DEFAULT_RUN_DIR"  # shared with ranks Lightning launches itself
+EXIT_DIVERGED = 3
+
+# Trainer flags the run owns: each refused up front with what to use instead.
+OWNED_TRAINER_FLAGS = {
+    "default_root_dir": (None, "the run directory is --run_dir; use --run_dir"),
+    "logger": (None, "a run logs to TensorBoard in <run_dir>/tensorboard; remove trainer.logger"),
+    "gradient_clip_val": (
+        None,
+        "the training step clips the gradient itself; set model.gradient_clip_val instead",
+    ),
+    "accumulate_grad_batches": (
+        1,
+        "one rollout batch (data.batch_size prompts) is one optimiser step; to fit it in memory "
+        "split it with model.micro_batch_size instead",
+    ),
+}
+
+
+def default_run_dir() -> str:
+    """`runs/<date>-<time>-<random>`: two fits started in the same second never share it. Rank 0
+    names it; ranks that Lightning launches from it inherit the name through the environment."""
+    if rank_zero_only.rank != 0 and DEFAULT_RUN_DIR_ENV in os.environ:
+        return os.environ[DEFAULT_RUN_DIR_ENV]
+    name = str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+    os.environ[DEFAULT_RUN_DIR_ENV] = name
+    return name
+
+
+def read_status(run_dir: Path) -> str | None:
+    try:
+        data = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("status") if isinstance(data, dict) else None
+
+
+def clear_fit_outputs(run_dir: Path) -> None:
+    """Remove what an earlier fit wrote (`FIT_OUTPUTS`); other files (a sweep's settings) stay."""
+    for name in FIT_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class DistillCLI(LightningCLI):
+    def __init__(self, *args, command: str = "fit", **kwargs):
+        self.command = command
+        self.resume_changes: dict = {}
+        self.resume_step: int | None = None  # the global step of the checkpoint a fit resumes
+        self.fresh_start = False
+        self.continuing = False
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
-            "--run_dir", type=str | None, default=None, help="run directory (default: runs/<timestamp>)"
+            "--run_dir", type=str | None, default=None, help="run directory (default: runs/<time>-<random>)"
         )
         parser.add_argument(
-            "--ckpt_path", type=str | None, default=None, help="checkpoint to resume from or test"
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="checkpoint to resume from or test; 'last' = <run_dir>/checkpoints/last.ckpt",
         )
         parser.add_argument(
             "--test_after_fit", type=bool, default=True, help="run the test sets after fitting"
         )
+        parser.add_argument(
+            "--checkpoint_every_n_steps",
+            type=int,
+            default=50,
+            help="write <run_dir>/checkpoints/last.ckpt every N optimiser steps (atomically); a "
+            "killed run resumes from it (0 = only at the end of training)",
+        )
+        parser.add_argument(
+            "--overwrite",
+            type=bool,
+            default=False,
+            help="fit into a run directory that holds a finished run or a checkpoint: afresh "
+            "(deleting what its earlier fit wrote) or, with --ckpt_path, continuing from it",
+        )
+        parser.add_argument(
+            "--allow_config_change",
+            type=bool,
+            default=False,
+            help="resume even when the config differs from the checkpoint's; the change is recorded "
+            "in <run_dir>/config_changes.json",
+        )
         parser.link_arguments("seed_everything", "data.seed")
 
+    # --- checks before anything is instantiated or written ----------------------------------------
     def before_instantiate_classes(self) -> None:
-        if not self.config.get("run_dir"):
-            self.config.run_dir = str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+        config = self.config
+        trainer = config.get("trainer") or {}
+        for flag, (default, what) in OWNED_TRAINER_FLAGS.items():
+            value = trainer.get(flag, default)
+            if value != default:
+                raise RunDirError(f"trainer.{flag}={value!r} is not used: {what}")
+        every = config.checkpoint_every_n_steps
+        if not isinstance(every, int) or every < 0:
+            raise RunDirError(f"checkpoint_every_n_steps must be an integer >= 0, got {every!r}")
+        if not config.get("run_dir"):
+            config.run_dir = default_run_dir()
+        run_dir = Path(config.run_dir)
+        if config.ckpt_path == "last":
+            config.ckpt_path = str(run_dir / LAST_CKPT)
+            if not Path(config.ckpt_path).is_file():
+                raise RunDirError(f"ckpt_path 'last': {run_dir} has no checkpoint ({LAST_CKPT} is missing)")
+        if config.ckpt_path is not None and not Path(config.ckpt_path).is_file():
+            raise RunDirError(f"ckpt_path {config.ckpt_path!r} does not exist")
+        if run_dir.is_dir() and rank_zero_only.rank == 0:  # in use? (taken for real in `execute`)
+            RunLock(run_dir).acquire().release()
+        if self.command == "fit":
+            self._check_fit(config, run_dir)
 
+    def _check_fit(self, config, run_dir: Path) -> None:
+        ckpt = Path(config.ckpt_path) if config.ckpt_path else None
+        status = read_status(run_dir)
+        if status is not None and not config.overwrite:
+            raise RunDirError(
+                f"run directory {str(run_dir)!r} holds a {status} run (metrics.json); pass --overwrite "
+                "to replace it (with --ckpt_path last: to continue it) or choose another --run_dir"
+            )
+        if ckpt is None and (run_dir / LAST_CKPT).is_file() and not config.overwrite:
+            raise RunDirError(
+                f"run directory {str(run_dir)!r} has a checkpoint of an unfinished run: resume it with "
+                "--ckpt_path last, or start afresh with --overwrite"
+            )
+        # Without a checkpoint, what an earlier fit wrote goes (an --overwrite, or the leftovers of
+        # an attempt killed before its first checkpoint); a continued finished run loses its old
+        # metrics.json at once, so a kill cannot leave it looking finished.
+        self.fresh_start = ckpt is None
+        self.continuing = ckpt is not None and status is not None
+        if ckpt is not None:
+            record, self.resume_step = read_checkpoint_record(ckpt)
+            if record is not None:
+                new = yaml.safe_load(self.parser.dump(config, skip_none=False, skip_check=True))
+                changes = config_changes(record["config"], new)
+                fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
+                if fixed:
+                    raise RunDirError(
+                        f"{fixed[0]} differs from checkpoint {str(ckpt)!r}, and a resumed run keeps the "
+                        "checkpoint's optimiser and schedule state; start a new run to change it"
+                    )
+                if changes and not config.allow_config_change:
+                    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changes.items())[:4])
+                    more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
+                    raise RunDirError(
+                        f"the config differs from checkpoint {str(ckpt)!r}: {listed}{more}; resume with "
+                        "the checkpoint's config, or pass --allow_config_change to record the change"
+                    )
+                self.resume_changes = changes
+
+    # --- the trainer ------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         run_dir = Path(self.config_init.run_dir)
-        callbacks = list(self._get(self.config_init, "trainer", default={}).get("callbacks") or [])
-        callbacks.append(ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0))
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = list(trainer_config.get("callbacks") or [])
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list) else [plugins]
+        if trainer_config.get("enable_checkpointing", True) is not False:
+            every = self.config_init.checkpoint_every_n_steps
+            callbacks.append(
+                ModelCheckpoint(
+                    dirpath=run_dir / "checkpoints",
+                    save_last=True,
+                    save_top_k=0,
+                    every_n_train_steps=every,  # 0: only the explicit save at the end of training
+                    every_n_epochs=0,
+                    enable_version_counter=False,  # last.ckpt is replaced, never joined by last-v1.ckpt
+                )
+            )
+            plugins.append(AtomicCheckpointIO())
+        self.record = RunRecord(
+            yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_check=True)),
+            optimizer_changes={
+                key[len(OPTIMIZER_ARGS) :]: new
+                for key, (_, new) in self.resume_changes.items()
+                if key.startswith(OPTIMIZER_ARGS)
+            },
+        )
+        callbacks.append(self.record)
+        # A resumed run hides what the killed attempt logged after its checkpoint (TensorBoard's
+        # purge_step), so curves are not spliced twice over the same steps.
+        purge = {} if self.resume_step is None else {"purge_step": self.resume_step + 1}
         logger = TensorBoardLogger(
-            save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False
+            save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge
         )
         return super().instantiate_trainer(
-            default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, **kwargs
+            default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, plugins=plugins, **kwargs
         )
 
+    # --- running ----------------------------------------------------------------------------------
     def execute(self, command: str) -> dict:
         run_dir = Path(self.config.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(run_dir).acquire() if rank_zero_only.rank == 0 else None
+        try:
+            return self._execute(command, run_dir)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _execute(self, command: str, run_dir: Path) -> dict:
+        if command == "fit" and self.fresh_start:
+            clear_fit_outputs(run_dir)
+        if command == "fit" and self.continuing:
+            (run_dir / "metrics.json").unlink(missing_ok=True)
         (run_dir / "config.yaml").write_text(self.parser.dump(self.config, skip_none=False))
         write_json_atomic(run_dir / "env.json", environment())
+        if self.resume_changes:
+            self._record_changes(run_dir)
         ckpt = self.config.ckpt_path
         if command != "fit":
             results = getattr(self.trainer, command)(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
             metrics = _flatten(results)
-            write_json_atomic(run_dir / f"{command}_metrics.json", {"metrics": metrics})
+            strict, nonfinite = finite_metrics(metrics)
+            write_json_atomic(
+                run_dir / f"{command}_metrics.json",
+                {"metrics": strict, **({"nonfinite": nonfinite} if nonfinite else {})},
+            )
             return metrics
-        self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+        try:
+            self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+        except Diverged as err:
+            metrics = self.record.metrics(self.trainer)
+            guard = getattr(self.model, "guard", None)
+            if guard is not None:  # the stopping step raised before it could be logged
+                metrics["train/nonfinite_steps"] = float(guard.skipped)
+            self._write_metrics(run_dir, metrics, status="diverged", reason=str(err))
+            print(f"distill fit: run diverged: {err}", file=sys.stderr)
+            raise SystemExit(EXIT_DIVERGED) from None
         if self.trainer.interrupted:
             return {}
-        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if v.numel() == 1}
+        metrics = self.record.metrics(self.trainer)
+        # The end-of-training state (with the final validation's figures): a run killed during
+        # export or testing resumes from here and still reports its training and validation.
+        if self.trainer.checkpoint_callback is not None:
+            self.trainer.save_checkpoint(run_dir / LAST_CKPT)
         self.model.export_student(run_dir / "student")
         if self.config.test_after_fit:
             metrics |= _flatten(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
         for callback in self.trainer.callbacks:
             if hasattr(callback, "summary"):
                 metrics |= callback.summary()
-        write_json_atomic(run_dir / "metrics.json", {"status": "finished", "metrics": metrics})
+        self._write_metrics(run_dir, metrics, status="finished")
         return metrics
+
+    def _write_metrics(self, run_dir: Path, metrics: dict, status: str, reason: str | None = None) -> None:
+        strict, nonfinite = finite_metrics(metrics)
+        record: dict = {"status": status, "metrics": strict}
+        if nonfinite:
+            record["nonfinite"] = nonfinite
+        if reason is not None:
+            record["reason"] = reason
+        write_json_atomic(run_dir / "metrics.json", record)
+
+    def _record_changes(self, run_dir: Path) -> None:
+        path = run_dir / "config_changes.json"
+        try:
+            history = json.loads(path.read_text())
+        except (OSError, ValueError):
+            history = []
+        history.append(
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "ckpt_path": self.config.ckpt_path,
+                "changes": {k: {"checkpoint": a, "now": b} for k, (a, b) in self.resume_changes.items()},
+            }
+        )
+        write_json_atomic(run_dir / "config_changes.json", history)
 
 
 def _flatten(results: list[dict] | None) -> dict:
@@ -112,7 +372,10 @@ def _expand_file(path: str, seen: tuple) -> list[str]:
     file = Path(path)
     if not file.is_file():
         return ["--config", path]  # not a file (or an inline YAML string): jsonargparse reports it
-    data = yaml.safe_load(file.read_text())
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"config {path} is not valid YAML: {_yaml_line(err)}") from None
     if not isinstance(data, dict) or "base" not in data:
         return ["--config", path]
     if file.resolve() in seen:
@@ -159,8 +422,18 @@ def run_lightning_cli(argv: list[str]) -> dict:
             run=False,
             args=args,
             parser_kwargs={"prog": f"distill {command}"},
+            command=command,
         )
+        return cli.execute(command)
     except (ValueError, FileNotFoundError, TypeError) as err:
-        print(f"distill {command}: error: {_one_line(str(err))}", file=sys.stderr)
-        raise SystemExit(2) from None
-    return cli.execute(command)
+        if isinstance(err, RunDirError) or "cli" not in locals():
+            print(f"distill {command}: error: {_one_line(str(err))}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+
+
+def _yaml_line(err: yaml.YAMLError) -> str:
+    """'line L, column C: problem' from a PyYAML error."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return problem if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: {problem}"

@@ -67,7 +67,7 @@ def write_json_atomic(path: str | Path, obj) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=float)
+            json.dump(obj, f, indent=2, sort_keys=True, default=float, allow_nan=False)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -97,14 +97,15 @@ class CostMeter(L.Callback):
         self.interval.batch_start(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.add_step(outputs)
+        self.add_step(outputs, reused=isinstance(batch, dict) and bool(batch.get("reused")))
         if self.interval.due_after(trainer):
             log_scalars(trainer, self.metrics())
 
-    def add_step(self, outputs: dict) -> None:
-        """Add one training step's costs (the dict `DistillationModule.training_step` returns)."""
+    def add_step(self, outputs: dict, reused: bool = False) -> None:
+        """Add one training step's costs (the dict `DistillationModule.training_step` returns); a
+        rollout batch's own costs count once (`reused`: the DataModule says this one was counted)."""
         rollout = outputs.get("rollout")
-        if rollout is not None and rollout is not self._last_rollout:
+        if rollout is not None and not reused and rollout is not self._last_rollout:
             self._last_rollout = rollout
             for key in TOKEN_KEYS:
                 self.tokens[key] += int(getattr(rollout, key))
@@ -164,9 +165,16 @@ class CostMeter(L.Callback):
         return self.metrics()
 
     def state_dict(self) -> dict:
-        return {"tokens": dict(self.tokens), "times": dict(self.times), "wall_s": self.wall_s()}
+        # The parameter counts too: a run resumed after training never calls on_train_start.
+        return {
+            "tokens": dict(self.tokens),
+            "times": dict(self.times),
+            "wall_s": self.wall_s(),
+            "params": dict(self.params),
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.tokens.update(state_dict["tokens"])
         self.times.update(state_dict["times"])
+        self.params.update(state_dict.get("params", {}))
         self.wall_before = float(state_dict["wall_s"])

@@ -105,10 +105,11 @@ class TaskEvaluation(L.Callback):
         return dict(self.latest)
 
     def state_dict(self) -> dict:
-        return {"validations": self.validations}
+        return {"validations": self.validations, "latest": dict(self.latest)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.validations = int(state_dict["validations"])
+        self.latest = dict(state_dict.get("latest", {}))
 
     # --- evaluation -------------------------------------------------------------------------------
     def _problems(self, trainer, split: str) -> list[tuple[str, list[dict]]]:

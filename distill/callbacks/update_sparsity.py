@@ -60,6 +60,7 @@ class UpdateSparsity(L.Callback):
         self.latest: dict[str, float] = {}
         self.last_step = -1
         self.restore_from: str | None = None  # θ0 file named by a checkpoint being resumed
+        self.root: Path | None = None  # the run directory (trainer.default_root_dir) of this fit
 
     # --- θ0 ---------------------------------------------------------------------------------------
     def _path(self, trainer) -> Path:
@@ -97,11 +98,13 @@ class UpdateSparsity(L.Callback):
 
     # --- hooks ------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.root = Path(trainer.default_root_dir)
         if self.theta0 is not None:
             return
         if self.restore_from is not None:
-            self.load_snapshot(pl_module.student, Path(self.restore_from))
-            self.snapshot_path, self.restore_from = self.restore_from, None
+            path = self.root / self.restore_from  # relative to the run directory, unless absolute
+            self.load_snapshot(pl_module.student, path)
+            self.snapshot_path, self.restore_from = str(path), None
         else:
             # Under DDP every rank holds the same θ0; one writes the file.
             write = getattr(trainer, "is_global_zero", True)
@@ -121,7 +124,11 @@ class UpdateSparsity(L.Callback):
         return dict(self.latest)
 
     def state_dict(self) -> dict:
-        return {"snapshot_path": self.snapshot_path, "latest": self.latest, "last_step": self.last_step}
+        # θ0 inside the run directory is stored relative to it, so a moved run directory resumes.
+        path = self.snapshot_path
+        if path is not None and self.root is not None and Path(path).is_relative_to(self.root):
+            path = str(Path(path).relative_to(self.root))
+        return {"snapshot_path": path, "latest": self.latest, "last_step": self.last_step}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.restore_from = state_dict["snapshot_path"]

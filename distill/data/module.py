@@ -13,15 +13,16 @@ A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import lightning as L
 import torch
 from datasets import Dataset
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from distill.models.loading import load_tokenizer
-from distill.rollout import RolloutSampler
+from distill.rollout import RolloutBatch, RolloutSampler
 from distill.tasks.registry import get_task
 
 
@@ -45,6 +46,42 @@ class PromptCollator:
 
 def _seed(*parts) -> int:
     return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
+
+
+class ResumableShuffle(Sampler[int]):
+    """A shuffled order of `n` items per epoch that can restart mid-epoch.
+
+    Epoch `e`'s order is what `DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`
+    yields in its `e`-th pass (each pass draws the loader's base seed, then a permutation), but it
+    is a function of (seed, epoch) alone, so a resumed run meets the same prompts in the same order.
+    `resume(epoch, consumed)` makes the next pass start after the first `consumed` items."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this at every epoch start
+        if epoch != self.epoch:
+            self.epoch, self.skip = epoch, 0
+
+    def resume(self, epoch: int, consumed: int) -> None:
+        self.epoch, self.skip = epoch, consumed
+
+    def order(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed)
+        for _ in range(epoch):  # a whole pass: base seed, permutation, and RandomSampler's trailing
+            torch.empty((), dtype=torch.int64).random_(generator=generator)  # permutation (for its
+            torch.randperm(self.n, generator=generator)  # n % len remainder, drawn even when 0)
+            torch.randperm(self.n, generator=generator)
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        return torch.randperm(self.n, generator=generator).tolist()
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        return iter(self.order(self.epoch)[skip:])
+
+    def __len__(self) -> int:  # the full epoch: Lightning counts a resumed epoch's batches itself
+        return self.n
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -145,6 +182,11 @@ class RolloutDataModule(L.LightningDataModule):
         )
         self.tokenizer = None
         self._reuse: tuple[int, dict] | None = None
+        # Where training stands, for exact resume: the epoch and the prompt batches consumed in it
+        # (counted when a batch is turned into rollouts, so a batch the loop only prefetched is not).
+        self._position = {"epoch": 0, "batches": 0}
+        self._shuffle: ResumableShuffle | None = None
+        self._resume_from: dict | None = None  # a checkpoint's position, for the next train loader
 
     # --- datasets ---------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -165,34 +207,68 @@ class RolloutDataModule(L.LightningDataModule):
                 Dataset.from_list(t.rows(h.test_size, seed=_seed("test"))) for t in self.test_tasks
             ]
 
-    def _loader(self, dataset, batch_size: int, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(_seed("order", self.hparams.seed)) if shuffle else None
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            collate_fn=self.collate,
-            drop_last=shuffle,
-        )
+    def _loader(self, dataset, batch_size: int) -> DataLoader:
+        return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=self.collate)
 
     def train_dataloader(self):
-        return self._loader(self.train_set, self.hparams.batch_size, shuffle=True)
+        self._shuffle = ResumableShuffle(len(self.train_set), _seed("order", self.hparams.seed))
+        if self._resume_from is not None:  # restored from a checkpoint: start where it stood
+            position, self._resume_from = self._resume_from, None
+            self._shuffle.resume(position["epoch"], position["batches"] * self.hparams.batch_size)
+        return DataLoader(
+            self.train_set,
+            batch_size=self.hparams.batch_size,
+            sampler=self._shuffle,
+            collate_fn=self.collate,
+            drop_last=True,
+        )
 
     def val_dataloader(self):
-        return [self._loader(d, self.hparams.eval_batch_size, shuffle=False) for d in self.val_sets]
+        return [self._loader(d, self.hparams.eval_batch_size) for d in self.val_sets]
 
     def test_dataloader(self):
-        return [self._loader(d, self.hparams.eval_batch_size, shuffle=False) for d in self.test_sets]
+        return [self._loader(d, self.hparams.eval_batch_size) for d in self.test_sets]
+
+    # --- resume -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the data position and, while `refresh_every` > 1 reuses a
+        rollout batch, that batch (its student weights are gone, so it cannot be re-sampled)."""
+        reuse = None
+        if self._reuse is not None:
+            step, out = self._reuse
+            reuse = {
+                "step": step,
+                "rollout": dataclasses.asdict(out["rollout"].to("cpu")),
+                "rows": out["rows"],
+            }
+        return {"position": dict(self._position), "reuse": reuse}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._position = dict(state_dict["position"])
+        self._resume_from = dict(self._position)
+        reuse = state_dict.get("reuse")
+        self._reuse = None
+        if reuse is not None:
+            out = {
+                "rollout": RolloutBatch(**reuse["rollout"]),
+                "rows": reuse["rows"],
+                "task": self.task.name,
+                "group_size": self.hparams.group_size,
+            }
+            self._reuse = (reuse["step"], out)
 
     # --- rollouts ---------------------------------------------------------------------------------
     def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         trainer = self.trainer
         module = trainer.lightning_module
         if trainer.training:
+            epoch = trainer.current_epoch
+            done = self._position["batches"] if self._position["epoch"] == epoch else 0
+            self._position = {"epoch": epoch, "batches": done + 1}
             step = trainer.global_step
             if self._reuse is not None and step - self._reuse[0] < self.hparams.refresh_every:
-                return self._reuse[1]
+                rollout = self._reuse[1]["rollout"].to(batch["input_ids"].device)
+                return {**self._reuse[1], "rollout": rollout, "reused": True}
             ids, attn, rows, g = (
                 batch["input_ids"],
                 batch["attention_mask"],
@@ -212,7 +288,7 @@ class RolloutDataModule(L.LightningDataModule):
             )
             out = {"rollout": rollout, "rows": rows, "task": self.task.name, "group_size": g}
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
-            return out
+            return {**out, "reused": False}
         tasks = self.test_tasks if trainer.testing else self.val_tasks
         rollout = self.eval_sampler.sample(
             module.student,

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir, read_metrics
+from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, is_run_dir, read_metrics
 from distill.experiments.spec import DIVERGENCES, PATH_TO_SHORTHAND, SpecError, canonical_axis, format_value
 
 REPLICATE = "seed"
@@ -56,6 +56,30 @@ class RunRecord:
     finished: bool
     settings: dict[str, Any]
     metrics: dict[str, float]
+    problem: str | None = None  # why the run is left out: unfinished, diverged, malformed, NaN
+
+
+def run_problem(run_dir: Path, data: dict | None) -> str | None:
+    """None for a finished run with whole, finite metrics; else why the report leaves it out."""
+    if data is None:
+        return "malformed metrics.json" if (Path(run_dir) / METRICS).exists() else "unfinished"
+    status = data.get("status")
+    if status == "diverged":
+        return f"diverged: {data.get('reason', 'no reason recorded')}"
+    if status != "finished":
+        return f"status {status!r}"
+    metrics = data.get("metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        return "malformed metrics.json (no metrics)"
+    bad = sorted(
+        k
+        for k, v in metrics.items()
+        if v is None or (isinstance(v, float) and not math.isfinite(v)) or k in (data.get("nonfinite") or [])
+    )
+    if bad:
+        more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
+        return f"non-finite metrics: {', '.join(bad[:3])}{more}"
+    return None
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -109,7 +133,8 @@ def _numbers(metrics: Any) -> dict[str, float]:
 
 
 def load_records(sweep_dir: Path) -> list[RunRecord]:
-    """All runs of a sweep directory, sorted by name; unfinished ones have no metrics."""
+    """All runs of a sweep directory, sorted by name; runs left out (unfinished, diverged, with
+    malformed or non-finite metrics: `problem`) have no metrics."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
@@ -118,9 +143,10 @@ def load_records(sweep_dir: Path) -> list[RunRecord]:
         if not is_run_dir(run_dir):
             continue
         data = read_metrics(run_dir)
-        finished = data is not None and data.get("status") == "finished"
+        problem = run_problem(run_dir, data)
+        finished = problem is None
         metrics = _numbers(data.get("metrics")) if finished else {}
-        records.append(RunRecord(run_dir.name, run_dir, finished, _settings(run_dir, data), metrics))
+        records.append(RunRecord(run_dir.name, run_dir, finished, _settings(run_dir, data), metrics, problem))
     return records
 
 

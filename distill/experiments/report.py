@@ -391,7 +391,12 @@ def build_report(
         "",
     ]
     if len(done) < len(records):
-        lines += ["Unfinished (left out): " + ", ".join(f"`{r.name}`" for r in records if not r.finished), ""]
+        left_out = [r for r in records if not r.finished]
+        lines += ["Left out of every table and figure:", ""]
+        lines += [f"- `{r.name}`: {r.problem}" for r in left_out] + [""]
+        for r in left_out:
+            if r.problem != "unfinished":  # said on the terminal too: these are not mere stragglers
+                print(f"[report] left out {r.name}: {r.problem}", file=sys.stderr)
     ref_dir = Path(references_from) if references_from is not None else sweep_dir
     references = load_references(ref_dir)
     where = "references/" if ref_dir == sweep_dir else f"{ref_dir.name}/references/"

@@ -6,9 +6,12 @@ by axis name, which the report reads; in a staged spec also `stage` and, for a c
 `after`: its parent's stage, name and directory). The fit then writes `config.yaml`, `env.json`,
 `checkpoints/`, `tensorboard/`, `student/`, and last, atomically, `metrics.json`.
 
-A run is finished iff its `metrics.json` parses and has `"status": "finished"`. Finished runs are
-never touched, even when the spec's fixed overrides have changed since (use a new `out` then). An unfinished run resumes from `checkpoints/last.ckpt` when there is one;
-otherwise its partial contents are cleared and it starts afresh.
+A run is finished iff its `metrics.json` parses and has `"status": "finished"`; it is done when
+finished or diverged (`"status": "diverged"`: the non-finite guard stopped it, and re-running it
+would diverge again). Done runs are never touched, even when the spec's fixed overrides have
+changed since (use a new `out` then). An unfinished run resumes from `checkpoints/last.ckpt` when
+there is one; otherwise its partial contents are cleared and it starts afresh. A run directory
+another process holds (its `.lock`, `distill.rundir.RunLock`) is never prepared.
 
 A reference run (`Run.reference`; `distill.experiments.references`) is prepared the same way but
 runs `distill test` (the test prefix) and is finished iff its `test_metrics.json` holds metrics.
@@ -27,6 +30,7 @@ import yaml
 
 from distill.experiments import references
 from distill.experiments.spec import Run, nest
+from distill.rundir import RunLock
 
 METRICS = "metrics.json"
 SETTINGS = "settings.json"
@@ -34,6 +38,7 @@ OVERRIDES = "overrides.yaml"
 LAST_CKPT = Path("checkpoints") / "last.ckpt"
 FIT_LOG = "fit.log"
 TEST_LOG = "test.log"  # a reference's `distill test` output
+DONE = ("finished", "diverged")
 DEFAULT_FIT_PREFIX = (sys.executable, "-m", "distill.cli", "fit")
 
 
@@ -58,9 +63,14 @@ def read_metrics(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def is_finished(run_dir: Path) -> bool:
+def status(run_dir: Path) -> str | None:
+    """The `status` of a run's `metrics.json` (`finished`, `diverged`), or None."""
     data = read_metrics(run_dir)
-    return data is not None and data.get("status") == "finished"
+    return data.get("status") if data is not None else None
+
+
+def is_finished(run_dir: Path) -> bool:
+    return status(run_dir) == "finished"
 
 
 def resume_checkpoint(run_dir: Path) -> Path | None:
@@ -69,15 +79,15 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
 
 
 def run_state(run_dir: Path) -> str:
-    """'done' (finished), 'resume' (has last.ckpt) or 'todo' (fresh start)."""
-    if is_finished(run_dir):
+    """'done' (finished or diverged), 'resume' (has last.ckpt) or 'todo' (fresh start)."""
+    if status(run_dir) in DONE:
         return "done"
     return "resume" if resume_checkpoint(run_dir) else "todo"
 
 
 def is_done(run: Run) -> bool:
     """Whether a run of the sweep, a fit or a reference, has finished."""
-    return references.is_done(run.run_dir) if run.reference else is_finished(run.run_dir)
+    return references.is_done(run.run_dir) if run.reference else status(run.run_dir) in DONE
 
 
 def state_of(run: Run) -> str:
@@ -138,7 +148,9 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
     file is removed first, so a fresh start never sees leftovers of a killed attempt."""
     run_dir = run.run_dir
     if is_done(run):
-        raise ValueError(f"run {run.name!r} is finished; its directory {run_dir} is never rewritten")
+        raise ValueError(f"run {run.name!r} is done; its directory {run_dir} is never rewritten")
+    if run_dir.exists():  # another process (an orphaned fit, a second sweep) owns it: touch nothing
+        RunLock(run_dir, what=f"run {run.name!r}: its directory").acquire().release()
     state = "resume" if resume_checkpoint(run_dir) and not run.reference else "todo"
     if state == "todo" and run_dir.exists():
         for child in run_dir.iterdir():

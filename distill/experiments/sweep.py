@@ -1,6 +1,6 @@
 """`distill sweep SPEC`: run every fit of a sweep spec, resumably (spec format: `distill.experiments.spec`).
 
-Finished runs are skipped; a killed run resumes from its `checkpoints/last.ckpt` or restarts
+Finished (and diverged) runs are skipped; a killed run resumes from its `checkpoints/last.ckpt` or restarts
 afresh (see `distill.experiments.rundirs`). Each fit runs as a subprocess with its output in
 `<run_dir>/fit.log` and `DISTILL_ROLLOUT_CACHE=<out>/rollout_cache`, so teacher rollouts are
 shared across runs. A failed run is reported and the sweep goes on; the exit code is 1 if any
@@ -33,6 +33,7 @@ from distill.experiments import spec as spec_module
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
+from distill.rundir import RunDirError, RunLock
 
 ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
 
@@ -169,7 +170,14 @@ def run_sweep(
                     continue
                 pending.remove(run)
                 cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
-                state = rundirs.prepare_run_dir(run, spec.name)
+                try:
+                    state = rundirs.prepare_run_dir(run, spec.name)
+                except RunDirError as err:  # held by another process: left as it is
+                    lost.add(run.run_dir)
+                    result.failed.append((run.name, -3, run.run_dir / rundirs.FIT_LOG))
+                    progress.failed += 1
+                    progress.message(f"[sweep] FAILED {run.name}: {err}")
+                    continue
                 log_path = run.run_dir / (rundirs.TEST_LOG if run.reference else rundirs.FIT_LOG)
                 with open(log_path, "a" if state == "resume" else "w") as log:
                     log.write(f"$ {shlex.join(cmd)}\n")
@@ -192,6 +200,13 @@ def run_sweep(
                     continue
                 if code == 0:  # exited cleanly but never wrote a finished metrics.json
                     code = -1
+                if rundirs.status(run.run_dir) == "diverged":
+                    result.failed.append((name, code, log_path))
+                    lost.add(run.run_dir)
+                    progress.failed += 1
+                    reason = (rundirs.read_metrics(run.run_dir) or {}).get("reason", "")
+                    progress.message(f"[sweep] DIVERGED {name}: {reason}; log: {log_path}")
+                    continue
                 result.failed.append((name, code, log_path))
                 lost.add(run.run_dir)
                 progress.failed += 1
@@ -328,6 +343,11 @@ def main(
             )
         print(f"{summary}; out: {spec.out}", file=sys.stderr)
         return 0
+    try:  # one sweep per output directory at a time
+        lock = RunLock(spec.out, what="sweep output directory").acquire()
+    except RunDirError as err:
+        print(f"distill sweep: {err}", file=sys.stderr)
+        return 2
     # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -339,6 +359,7 @@ def main(
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        lock.release()
     ref_names = {run.name for run in runs if run.reference}
     failed = [name for name, _, _ in result.failed]
     counts = {

@@ -47,6 +47,7 @@ def check_model_path(path: str, field: str) -> str:
         local = Path(path).expanduser()
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"{field}: no model directory at {path!r} (config.json missing){hint}")
+        check_weight_files(local, field)
         return str(local)
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         from huggingface_hub import try_to_load_from_cache
@@ -56,6 +57,19 @@ def check_model_path(path: str, field: str) -> str:
                 f"{field}: hub model {path!r} is not in the local cache and HF_HUB_OFFLINE=1"
             )
     return path
+
+
+def check_weight_files(directory: Path, field: str) -> None:
+    """Every `*.safetensors` file of a local model must have a whole header that its size covers
+    (read without loading a tensor), so a truncated or corrupt file is named before any load."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{field}: weight file {str(file)!r} is corrupt or truncated ({err})") from None
 
 
 def load_tokenizer(path: str):

@@ -71,7 +71,9 @@ def test_all_callbacks_report_and_resume(tiny_world_cache, tmp_path):
 
     theta0 = run / "theta0.safetensors"
     written = theta0.stat().st_mtime_ns
-    second = fit(run, 7, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    # Continue the finished run for two more steps (a recorded config change: max_steps 5 -> 7).
+    extend = ("--overwrite", "true", "--allow_config_change", "true")
+    second = fit(run, 7, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *extend)
     assert theta0.stat().st_mtime_ns == written  # θ0 read back, not re-taken from resumed weights
     for s in ("addition", "reversal"):  # deltas still measured against the step-0 scores
         assert second[f"forgetting/{s}/delta"] == pytest.approx(start[s] - second[f"forgetting/{s}/score"])

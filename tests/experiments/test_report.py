@@ -135,7 +135,8 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
     assert "- test/countdown3/accuracy: largest main effect **divergence** (99% of" in text
     assert "- forgetting/mean_delta: largest main effect **lr** (100% of" in text
     assert "- test/countdown3/pass@4: largest main effect **mix** (100% of" in text
-    assert "| seed | 0, 1, 2 | replicate |" in text and "Unfinished (left out)" in text
+    assert "| seed | 0, 1, 2 | replicate |" in text and "Left out of every table and figure" in text
+    assert ": malformed metrics.json" in text
     assert "task/constant" not in text.split("## Which knob matters")[1].split("## Cost")[0]
     # an accuracy cell against an independent mean/std
     cell = [
