@@ -1,0 +1,314 @@
+"""Runs that survive: a real `distill fit` subprocess killed with SIGKILL (mid-training, during
+testing; alone and inside a sweep) resumes to the metrics of an uninterrupted run; two sweeps of
+one output refuse each other; non-finite training ends as `diverged`, in strict JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def short_config(where: Path) -> Path:
+    """configs/tiny/base.yaml, shortened: a run that still crosses checkpoints (every 2 steps),
+    validations (every 3), rollout batches reused across a checkpoint (refresh_every 3: fresh at
+    steps 0, 3, 6, 9), fresh ones mid-epoch after it, and an epoch boundary (48 prompts = 8
+    batches of 6); its callbacks end with the faults of `inject` (armed by the environment)."""
+    base = ROOT / "configs" / "tiny" / "base.yaml"
+    callbacks = yaml.safe_load(base.read_text())["trainer"]["callbacks"]
+    config = {
+        "base": str(base),
+        "checkpoint_every_n_steps": 2,
+        "trainer": {
+            "max_steps": 10,
+            "val_check_interval": 3,
+            "log_every_n_steps": 1,
+            "callbacks": [*callbacks, {"class_path": "inject.KillAt"}, {"class_path": "inject.PoisonAt"}],
+        },
+        "data": {
+            "batch_size": 6,
+            "train_size": 48,
+            "refresh_every": 3,
+            "max_new_tokens": 12,
+            "val_size": 8,
+            "test_size": 8,
+            "eval_batch_size": 8,
+            "eval_max_new_tokens": 12,
+            "test_tasks": ["countdown3"],
+        },
+    }
+    path = where / "short.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+# Wall-clock figures differ between any two runs; everything else must not.
+TIMING = ("cost/wall_s", "cost/time/")
+
+
+@pytest.fixture
+def env(tiny_world_cache, tmp_path):
+    return {
+        "SHORT": str(short_config(tmp_path)),
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "faults")]),
+        "DISTILL_CACHE": str(tiny_world_cache.parent),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def fit(run_dir: Path, env: dict, *extra: str, **armed: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distill.cli",
+            "fit",
+            "--config",
+            env["SHORT"],
+            "--run_dir",
+            str(run_dir),
+            *extra,
+        ],
+        cwd=ROOT,
+        env={**env, **armed},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def untimed(run_dir: Path) -> dict:
+    data = json.loads((run_dir / "metrics.json").read_text())
+    assert data["status"] == "finished"
+    return {k: v for k, v in data["metrics"].items() if not k.startswith(TIMING)}
+
+
+@pytest.fixture
+def reference(tmp_path, env) -> dict:
+    done = fit(tmp_path / "reference", env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return untimed(tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env, reference):
+    run = tmp_path / "run"
+    killed = fit(run, env, DISTILL_TEST_KILL_AT_STEP="5")
+    assert killed.returncode == -signal.SIGKILL
+    assert not (run / "metrics.json").exists()
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 4  # the last checkpoint before the kill
+    # Mid-epoch (4 of 8 batches), with the rollout batch sampled at step 3 still to be reused.
+    state = ckpt["RolloutDataModule"]
+    assert state["position"] == {"epoch": 0, "batches": 4} and state["reuse"]["step"] == 3
+
+    refused = fit(run, env)
+    assert refused.returncode == 2 and "--ckpt_path last" in refused.stderr.strip().splitlines()[-1]
+    resumed = fit(run, env, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert untimed(run) == reference
+    assert not list((run / "checkpoints").glob("last-v*.ckpt"))
+    # TensorBoard holds each step once: what the killed attempt logged after step 4 is purged.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = [e.step for e in events.Scalars("train/loss")]
+    assert steps == sorted(set(steps)) and len(steps) == 10, steps
+
+
+@pytest.mark.slow
+def test_killed_while_testing_resumes_with_its_training_figures(tmp_path, env, reference):
+    run = tmp_path / "run"
+    killed = fit(run, env, DISTILL_TEST_KILL_IN="test")
+    assert killed.returncode == -signal.SIGKILL and not (run / "metrics.json").exists()
+    resumed = fit(run, env, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    metrics = untimed(run)
+    assert metrics == reference
+    assert metrics["cost/flops"] > 0 and "val/countdown3/accuracy" in metrics and "train/loss" in metrics
+
+
+@pytest.mark.slow
+def test_moved_run_directory_resumes(tmp_path, env, reference):
+    run = tmp_path / "run"
+    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
+    moved = tmp_path / "elsewhere" / "run"
+    moved.parent.mkdir()
+    run.rename(moved)
+    resumed = fit(moved, env, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert untimed(moved) == reference
+
+
+@pytest.mark.slow
+def test_resume_with_a_recorded_config_change(tmp_path, env):
+    run = tmp_path / "run"
+    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
+    lr = ["--model.init_args.optimizer.init_args.lr", "0.01"]
+    refused = fit(run, env, "--ckpt_path", "last", *lr)
+    assert refused.returncode == 2
+    assert "model.init_args.optimizer.init_args.lr: 0.001 -> 0.01" in refused.stderr
+    resumed = fit(run, env, "--ckpt_path", "last", *lr, "--allow_config_change", "true")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    changes = json.loads((run / "config_changes.json").read_text())
+    assert changes[-1]["changes"] == {
+        "model.init_args.optimizer.init_args.lr": {"checkpoint": 0.001, "now": 0.01}
+    }
+    assert (
+        yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["optimizer"]["init_args"][
+            "lr"
+        ]
+        == 0.01
+    )
+    assert untimed(run)["train/lr"] == pytest.approx(
+        0.01
+    )  # applied, not just recorded (the checkpoint held 0.001)
+    again = fit(run, env)
+    assert again.returncode == 2 and "holds a finished run" in again.stderr
+
+
+def strict_json(path: Path) -> dict:
+    def refuse(token):
+        raise ValueError(f"non-strict JSON token {token}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        # On-policy: the next rollouts are sampled from a NaN student.
+        (["--data.mix", "0"], "next-token probabilities are not finite"),
+        # Teacher-written rollouts: the loss is NaN; two skipped steps in a row stop the run.
+        (
+            ["--data.mix", "1"],
+            "2 steps in a row had a non-finite loss or gradient norm after optimiser step 5",
+        ),
+    ],
+    ids=["mix0", "mix1"],
+)
+def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(extra, reason, tmp_path, env):
+    run = tmp_path / "run"
+    # Poisoned after step 5: the checkpoint of step 4 is clean, and no validation (which samples
+    # from the student too, and would end the run there) comes before the guard's second skip.
+    done = fit(
+        run,
+        env,
+        *extra,
+        "--data.refresh_every",
+        "1",
+        "--model.init_args.max_nonfinite_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "10",
+        DISTILL_TEST_POISON_AT_STEP="5",
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == f"distill fit: run diverged: {strict_json(run / 'metrics.json')['reason']}"
+    )
+    record = strict_json(run / "metrics.json")
+    assert record["status"] == "diverged" and reason in record["reason"]
+    assert not (run / "student").exists()
+    for name in record.get("nonfinite", []):
+        assert record["metrics"][name] is None
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 4 and all(t.isfinite().all() for t in ckpt["state_dict"].values())
+
+    from distill.experiments.records import run_problem
+
+    assert run_problem(run, record) == f"diverged: {record['reason']}"
+
+
+@pytest.mark.slow
+def test_infinite_gradients_are_skipped_then_stop_the_run(tmp_path, env):
+    """A vanishing divergence temperature makes every gradient norm infinite: no update is taken
+    (the weights stay those of the start) and the run stops after `max_nonfinite_steps`."""
+    run = tmp_path / "run"
+    done = fit(
+        run,
+        env,
+        "--model.init_args.divergence.init_args.temperature",
+        "1e-30",
+        "--model.init_args.max_nonfinite_steps",
+        "3",
+        "--checkpoint_every_n_steps",
+        "1",
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    record = strict_json(run / "metrics.json")
+    assert record["status"] == "diverged"
+    assert record["reason"].startswith(
+        "3 steps in a row had a non-finite loss or gradient norm after optimiser step 0"
+    )
+    assert record["metrics"]["train/nonfinite_steps"] == 3.0
+
+
+@pytest.mark.slow
+def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(tmp_path, env, reference):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "faults",
+                "out": str(tmp_path / "sweep"),
+                "base": env["SHORT"],
+                "references": False,
+                "axes": {"seed": [0]},
+            }
+        )
+    )
+    sweep = [sys.executable, "-m", "distill.cli", "sweep", str(spec)]
+    first = subprocess.run(
+        sweep,
+        cwd=ROOT,
+        env={**env, "DISTILL_TEST_KILL_AT_STEP": "5"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert first.returncode == 1 and "FAILED" in first.stdout + first.stderr
+    (run,) = [p for p in (tmp_path / "sweep").iterdir() if (p / "settings.json").exists()]
+    assert (run / "checkpoints" / "last.ckpt").is_file() and not (run / "metrics.json").exists()
+
+    # A second sweep of the same output while one runs (its fit a sleeper, so it stays busy).
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)", "fit"]
+    holder = subprocess.Popen(
+        [*sweep, "--fit-prefix", subprocess.list2cmdline(sleeper)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        lock = tmp_path / "sweep" / ".lock"
+        while f"pid {holder.pid} " not in (lock.read_text() if lock.exists() else ""):
+            assert holder.poll() is None
+            time.sleep(0.05)
+        second = subprocess.run(sweep, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert (
+            f"sweep output directory {str(tmp_path / 'sweep')!r} is in use by pid {holder.pid}"
+            in second.stderr
+        )
+    finally:
+        holder.send_signal(signal.SIGTERM)  # the sweep stops its fit and exits
+        holder.wait(timeout=120)
+
+    resumed = subprocess.run(sweep, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert untimed(run) == reference
