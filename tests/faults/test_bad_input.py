@@ -4,8 +4,6 @@ value and what to do, before any model is loaded, and leaves no run directory be
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -263,27 +261,13 @@ def test_a_changed_schedule_is_refused_even_when_changes_are_allowed(
 
 
 def test_a_locked_run_dir_refuses_a_second_fit(
-    tiny_world_cache, tmp_path, capsys, monkeypatch, no_model_loads
+    tiny_world_cache, tmp_path, capsys, monkeypatch, no_model_loads, hold_lock
 ):
     run = tmp_path / "run"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"from distill.rundir import RunLock; import time; RunLock({str(run)!r}).acquire(); print('held', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        monkeypatch.chdir(ROOT)
-        line = _refused([*BASE, "--run_dir", str(run)], capsys)
-        assert f"run directory {str(run)!r} is in use by pid {holder.pid}" in line, line
-    finally:
-        holder.kill()
-        holder.wait()
+    holder = hold_lock(run)
+    monkeypatch.chdir(ROOT)
+    line = _refused([*BASE, "--run_dir", str(run)], capsys)
+    assert f"run directory {str(run)!r} is in use by pid {holder.pid}" in line, line
     assert not (run / "config.yaml").exists()
 
 

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -187,19 +184,8 @@ def test_report_lists_left_out_runs_with_their_reasons(tmp_path, capsys):
     assert "[report] left out bad: non-finite metrics" in capsys.readouterr().err
 
 
-def test_lock_is_exclusive_across_processes_and_dies_with_its_holder(tmp_path):
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"from distill.rundir import RunLock; import time; RunLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert holder.stdout.readline().strip() == "held"
+def test_lock_is_exclusive_across_processes_and_dies_with_its_holder(tmp_path, hold_lock):
+    holder = hold_lock(tmp_path)
     with pytest.raises(RunDirError, match=f"is in use by pid {holder.pid} on "):
         RunLock(tmp_path).acquire()
     holder.kill()  # SIGKILL: the kernel drops the lock, nothing goes stale
