@@ -31,7 +31,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.tasks.registry import get_task
-from distill.training import NonFiniteGuard, check_optimizer
+from distill.training import NonFiniteGuard, StepCost, StepResult, check_optimizer
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
@@ -145,9 +145,8 @@ class DistillationModule(L.LightningModule):
 
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> dict:
-        """One optimiser step on one rollout batch. Returns what measurement callbacks read in
-        `on_train_batch_end`: the loss, the rollout, the step's completion-token count, wall seconds
-        per phase and the tokens each model processed."""
+        """One optimiser step on one rollout batch; returns `StepResult(...).output()`, which
+        measurement callbacks read in `on_train_batch_end` (`distill.training.step_result`)."""
         rollout = batch["rollout"]
         optimizer = self.optimizers()
         means, num_items, timings = self.accumulate_gradients(rollout)
@@ -162,16 +161,16 @@ class DistillationModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         timings["student_forward_backward"] += time.perf_counter() - t0
         self._log_step(rollout, means, grad_norm, optimizer)
-        real_tokens = int(rollout.attention_mask.sum())
-        return {
-            "loss": means[0],
-            "rollout": rollout,
-            "num_items": int(num_items),
-            "grad_norm": float(grad_norm),
-            "timings": timings,
-            # Both models read every real token of the step's sequences once.
-            "tokens": {"teacher_forward": real_tokens, "student_train": real_tokens},
-        }
+        real_tokens = int(rollout.attention_mask.sum())  # both models read every real token once
+        cost = StepCost(
+            student_train_tokens=real_tokens,
+            teacher_forward_tokens=real_tokens,
+            student_forward_backward_s=timings["student_forward_backward"],
+            teacher_forward_s=timings["teacher_forward"],
+        )
+        return StepResult(
+            means[0], rollout, int(num_items), float(grad_norm), cost, bool(batch.get("reused", False))
+        ).output()
 
     def accumulate_gradients(self, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the

@@ -1,5 +1,9 @@
 """What both LightningModules (distillation, GRPO) share about an optimiser step.
 
+`StepResult` is what a training step hands every measurement callback: the module returns
+`StepResult(...).output()` and a callback reads it back with `step_result(outputs)` in
+`on_train_batch_end`; its `StepCost` says what the batch cost beyond its rollout.
+
 `NonFiniteGuard` skips an optimiser step whose loss or gradient norm is not finite; after
 `patience` such steps in a row it stops the run (`distill.errors.Diverged`). A skipped step leaves the weights, the optimiser state and the LR schedule untouched (its
 gradients are dropped), so the last checkpoint before the divergence and the weights at the stop
@@ -8,10 +12,48 @@ are the same good weights. Under DDP the decision is taken on every rank togethe
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
 from distill.errors import Diverged
+from distill.rollout import RolloutBatch
+
+
+@dataclass
+class StepCost:
+    """Work of one training batch beyond its rollout (whose own counters are in `RolloutBatch`):
+    real tokens each model read and wall seconds per phase."""
+
+    student_train_tokens: int = 0  # the student's forward + backward, once per optimiser pass
+    teacher_forward_tokens: int = 0  # the frozen teacher's forward (distillation)
+    reference_forward_tokens: int = 0  # the frozen reference's forward (GRPO)
+    student_forward_backward_s: float = 0.0  # the optimiser step included
+    teacher_forward_s: float = 0.0
+    reference_forward_s: float = 0.0
+
+
+@dataclass
+class StepResult:
+    """One training batch, as measurement callbacks see it."""
+
+    loss: torch.Tensor  # the mean loss over the batch's optimiser passes
+    rollout: RolloutBatch
+    num_items: int  # completion tokens the loss is normalised by
+    grad_norm: float  # the student's gradient norm before clipping (the last pass's)
+    cost: StepCost = field(default_factory=StepCost)
+    reused_rollout: bool = False  # the rollout was sampled for an earlier step (refresh_every)
+
+    def output(self) -> dict:
+        """What `training_step` returns: Lightning's manual optimisation takes a dict and hands it
+        to `on_train_batch_end` as `outputs`; the result travels under `step`."""
+        return {"loss": self.loss, "step": self}
+
+
+def step_result(outputs) -> StepResult | None:
+    """The `StepResult` in a training step's `outputs`, or None (another module's step)."""
+    step = outputs.get("step") if isinstance(outputs, dict) else None
+    return step if isinstance(step, StepResult) else None
 
 
 def check_optimizer(optimizer, lr_scheduler=None, owner: str = "model") -> None:

@@ -10,6 +10,7 @@ import torch
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int
+from distill.training import StepResult, step_result
 
 TOKEN_KEYS = (
     "teacher_generated_tokens",
@@ -17,7 +18,9 @@ TOKEN_KEYS = (
     "teacher_forward_tokens",
     "student_forward_tokens",
 )
-PHASES = ("rollout", "teacher_forward", "student_forward_backward", "evaluation", "test")
+PHASES = ("rollout", "teacher_forward", "reference_forward", "student_forward_backward", "evaluation", "test")
+# Training-side token counters, filled from each step's `StepCost`.
+TRAIN_KEYS = ("teacher_train_forward_tokens", "reference_forward_tokens", "student_train_tokens")
 
 
 def matmul_parameters(model: torch.nn.Module) -> int:
@@ -33,16 +36,18 @@ def matmul_parameters(model: torch.nn.Module) -> int:
     return total
 
 
-def flops(teacher_params: int, student_params: int, tokens: dict[str, int]) -> float:
+def flops(params: dict[str, int], tokens: dict[str, int]) -> float:
     """Approximate FLOPs (Kaplan et al. 2020): 2·N per token of a forward-only pass (rollouts, the
-    teacher's training forward), 6·N per token trained (the student's forward + backward).
-    `tokens`: `teacher_forward_tokens` and `student_forward_tokens` (rollouts) and
-    `teacher_train_forward_tokens` and `student_train_tokens`. Attention's sequence-length term
-    is ignored."""
+    teacher's training forward, GRPO's reference forward), 6·N per token trained (the student's
+    forward + backward). `params`: N of `teacher`, `student` and `reference`; `tokens`:
+    `teacher_forward_tokens` and `student_forward_tokens` (rollouts), `teacher_train_forward_tokens`,
+    `reference_forward_tokens` and `student_train_tokens`. Attention's sequence-length term is
+    ignored."""
     return (
-        2.0 * teacher_params * (tokens["teacher_forward_tokens"] + tokens["teacher_train_forward_tokens"])
-        + 2.0 * student_params * tokens["student_forward_tokens"]
-        + 6.0 * student_params * tokens["student_train_tokens"]
+        2.0 * params["teacher"] * (tokens["teacher_forward_tokens"] + tokens["teacher_train_forward_tokens"])
+        + 2.0 * params["reference"] * tokens["reference_forward_tokens"]
+        + 2.0 * params["student"] * tokens["student_forward_tokens"]
+        + 6.0 * params["student"] * tokens["student_train_tokens"]
     )
 
 
@@ -54,16 +59,17 @@ class CostMeter(L.Callback):
     - `cost/teacher_forward_tokens`, `cost/student_forward_tokens`: tokens each model processed,
       in rollouts (prefill + decode; cached teacher rows cost nothing) and in training (the
       teacher's forward and the student's forward/backward over every real token of the step);
-    - `cost/flops`: 2·N·tokens for forward-only passes (rollouts, the teacher's training forward)
-      plus 6·N·tokens for the student's training; N per model = `matmul_parameters` (all
-      parameters, tied ones once, minus a separate input-embedding table);
+    - `cost/reference_forward_tokens`: tokens GRPO's frozen reference read (0 without one);
+    - `cost/flops`: 2·N·tokens for forward-only passes (rollouts, the teacher's training forward,
+      the reference's forward) plus 6·N·tokens for the student's training; N per model =
+      `matmul_parameters` (all parameters, tied ones once, minus a separate input-embedding table);
     - `cost/wall_s`: wall seconds inside `fit`; `cost/time/<phase>` for the phases rollout,
-      teacher_forward, student_forward_backward (includes the optimiser step), evaluation
-      (validation runs during fit) and test.
+      teacher_forward, reference_forward, student_forward_backward (includes the optimiser step),
+      evaluation (validation runs during fit) and test.
 
-    Evaluation compute is not in the token and FLOP counts (it is measurement, not training). A
-    rollout reused across steps (`data.refresh_every > 1`: the same `RolloutBatch` object) is
-    counted once. Counts are this process's (one device; multiply by the device count under
+    It reads each step's `distill.training.StepResult`. Evaluation compute is not in the token
+    and FLOP counts (it is measurement, not training). A rollout reused across steps
+    (`data.refresh_every > 1`, `StepResult.reused_rollout`) is counted once. Counts are this process's (one device; multiply by the device count under
     data parallelism). Totals survive resuming (checkpoint state).
 
     Args:
@@ -73,49 +79,47 @@ class CostMeter(L.Callback):
     def __init__(self, every_n_steps: int = 1):
         self.every_n_steps = check_int("CostMeter", "every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
-        self.tokens = dict.fromkeys((*TOKEN_KEYS, "teacher_train_forward_tokens", "student_train_tokens"), 0)
+        self.tokens = dict.fromkeys((*TOKEN_KEYS, *TRAIN_KEYS), 0)
         self.times = dict.fromkeys(PHASES, 0.0)
         self.wall_before = 0.0  # fit seconds of earlier (resumed-from) sessions
         self.fit_started: float | None = None
         self.phase_started: float | None = None
-        self.params = {"teacher": 0, "student": 0}
-        self._last_rollout = None  # kept by reference: identity of a reused rollout stays valid
+        self.params = {"teacher": 0, "student": 0, "reference": 0}
 
     # --- hooks ------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fit_started = time.perf_counter()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        student = pl_module.student
-        teacher = getattr(pl_module, "teacher", None)
-        self.params = {
-            "student": matmul_parameters(student),
-            "teacher": matmul_parameters(teacher) if teacher is not None else 0,
-        }
+        def size(name: str) -> int:  # a module without that model (GRPO's teacher) costs 0
+            model = getattr(pl_module, name, None)
+            return matmul_parameters(model) if model is not None else 0
+
+        self.params = {name: size(name) for name in ("student", "teacher", "reference")}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.interval.batch_start(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.add_step(outputs, reused=isinstance(batch, dict) and bool(batch.get("reused")))
+        step = step_result(outputs)
+        if step is not None:
+            self.add_step(step)
         if self.interval.due_after(trainer):
             log_scalars(trainer, self.metrics())
 
-    def add_step(self, outputs: dict, reused: bool = False) -> None:
-        """Add one training step's costs (the dict `DistillationModule.training_step` returns); a
-        rollout batch's own costs count once (`reused`: the DataModule says this one was counted)."""
-        rollout = outputs.get("rollout")
-        if rollout is not None and not reused and rollout is not self._last_rollout:
-            self._last_rollout = rollout
+    def add_step(self, step: StepResult) -> None:
+        """Add one training batch's costs; a rollout's own costs count once (not when reused)."""
+        if not step.reused_rollout:
             for key in TOKEN_KEYS:
-                self.tokens[key] += int(getattr(rollout, key))
-            self.times["rollout"] += float(rollout.rollout_seconds)
-        tokens = outputs.get("tokens", {})
-        self.tokens["teacher_train_forward_tokens"] += int(tokens.get("teacher_forward", 0))
-        self.tokens["student_train_tokens"] += int(tokens.get("student_train", 0))
-        for phase, seconds in outputs.get("timings", {}).items():
-            if phase in self.times:
-                self.times[phase] += float(seconds)
+                self.tokens[key] += int(getattr(step.rollout, key))
+            self.times["rollout"] += float(step.rollout.rollout_seconds)
+        cost = step.cost
+        self.tokens["teacher_train_forward_tokens"] += cost.teacher_forward_tokens
+        self.tokens["reference_forward_tokens"] += cost.reference_forward_tokens
+        self.tokens["student_train_tokens"] += cost.student_train_tokens
+        self.times["teacher_forward"] += cost.teacher_forward_s
+        self.times["reference_forward"] += cost.reference_forward_s
+        self.times["student_forward_backward"] += cost.student_forward_backward_s
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self.phase_started = time.perf_counter()
@@ -155,7 +159,8 @@ class CostMeter(L.Callback):
                 t["teacher_forward_tokens"] + t["teacher_train_forward_tokens"]
             ),
             "cost/student_forward_tokens": float(t["student_forward_tokens"] + t["student_train_tokens"]),
-            "cost/flops": flops(self.params["teacher"], self.params["student"], t),
+            "cost/reference_forward_tokens": float(t["reference_forward_tokens"]),
+            "cost/flops": flops(self.params, t),
             "cost/wall_s": self.wall_s(),
         }
         out |= {f"cost/time/{phase}": seconds for phase, seconds in self.times.items()}

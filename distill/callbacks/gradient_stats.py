@@ -9,6 +9,7 @@ from torch import Tensor
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int
+from distill.training import step_result
 
 SPLITS = ("", "_teacher_tokens", "_student_tokens")
 
@@ -94,8 +95,9 @@ class GradientStats(L.Callback):
                     metrics[f"grad/logit_sq_norm{suffix}"] = sq[i] / count[i]
                     self.totals["sq"][i] += sq[i]
                     self.totals["count"][i] += int(count[i])
-        if isinstance(outputs, dict) and "grad_norm" in outputs:
-            metrics["grad/param_norm"] = float(outputs["grad_norm"])
+        step = step_result(outputs)
+        if step is not None:
+            metrics["grad/param_norm"] = step.grad_norm
             self.totals["param_norm"] += metrics["grad/param_norm"]
             self.totals["steps"] += 1
         self._reset_step()

@@ -16,8 +16,8 @@ Steps: `trainer.max_steps` counts optimiser steps, so a run sees max_steps / mu 
 and `log_every_n_steps` count rollout batches (Lightning counts batches), and so does the x axis of
 the `train/*` curves.
 
-Measurement callbacks: `training_step` returns the same dict as `DistillationModule`'s
-(`loss`, `rollout`, `num_items`, `grad_norm`, `timings`, `tokens`); `student`, `tokenizer`,
+Measurement callbacks: `training_step` returns a `distill.training.StepResult` as
+`DistillationModule`'s does (its cost counts the reference's forward); `student`, `tokenizer`,
 `vocab_size` and `logit_grad_sink` mean the same; `teacher` is always None (there is none: a
 callback must then skip teacher-side measurements). `reference` is the frozen starting policy
 (None unless `kl_coef > 0` or `log_kl_to_start`).
@@ -55,7 +55,7 @@ from distill.rl.objective import (
 )
 from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
-from distill.training import NonFiniteGuard, check_optimizer
+from distill.training import NonFiniteGuard, StepCost, StepResult, check_optimizer
 
 
 @dataclass
@@ -319,10 +319,9 @@ class GRPOModule(L.LightningModule):
         return passes
 
     def training_step(self, batch: dict, batch_idx: int) -> dict:
-        """`num_iterations` optimiser steps on one rollout batch. Returns what measurement callbacks
-        read in `on_train_batch_end` (see the module docstring): the mean loss over passes, the
-        rollout, the step's completion-token count, the last pass's gradient norm, wall seconds per
-        phase and the tokens each model processed."""
+        """`num_iterations` optimiser steps on one rollout batch; returns `StepResult(...).output()`
+        (the mean loss over passes, the last pass's gradient norm, the policy's and the reference's
+        tokens and seconds)."""
         step = self.prepare(batch)
         passes = self.optimizer_steps_per_batch()
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
@@ -355,19 +354,21 @@ class GRPOModule(L.LightningModule):
         }
         self._log_step(step, logged, passes, grad_norm, optimizer)
         real_tokens = int(step.rollout.attention_mask.sum())
-        return {
-            "loss": torch.tensor(logged["loss"]),
-            "rollout": step.rollout,
-            "num_items": int(step.num_items),
-            "grad_norm": float(grad_norm),
-            "timings": timings,
-            # The policy reads every real token once per pass; the reference once per batch.
-            "tokens": {
-                "student_train": real_tokens * passes,
-                "reference_forward": real_tokens if self.reference is not None else 0,
-                "teacher_forward": 0,
-            },
-        }
+        # The policy reads every real token once per pass; the reference once per batch.
+        cost = StepCost(
+            student_train_tokens=real_tokens * passes,
+            reference_forward_tokens=real_tokens if self.reference is not None else 0,
+            student_forward_backward_s=timings["student_forward_backward"],
+            reference_forward_s=timings["reference_forward"],
+        )
+        return StepResult(
+            torch.tensor(logged["loss"]),
+            step.rollout,
+            int(step.num_items),
+            float(grad_norm),
+            cost,
+            bool(batch.get("reused", False)),
+        ).output()
 
     def _log_step(self, step: GRPOBatch, logged: dict, passes: int, grad_norm, optimizer) -> None:
         n = len(step.rewards)

@@ -7,6 +7,8 @@ import torch
 
 from distill.callbacks import GradientStats
 from distill.losses import ForwardKL
+from distill.rollout import RolloutBatch
+from distill.training import StepResult
 
 
 def random_case(seed: int = 0, b: int = 3, t: int = 6, v: int = 13):
@@ -38,6 +40,14 @@ def run_step(cb, student, teacher, mask, teacher_mask, micro: int):
         ForwardKL()(s, teacher[rows], m, num_items=num_items).backward()
 
 
+def outputs(grad_norm: float) -> dict:
+    """A training step's outputs (`StepResult.output()`) carrying only what GradientStats reads."""
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    none = torch.zeros(1, 2, dtype=torch.bool)
+    rollout = RolloutBatch(ids, torch.ones_like(ids), none, none, 1)
+    return StepResult(torch.tensor(0.0), rollout, 1, grad_norm).output()
+
+
 @pytest.mark.parametrize("micro", [3, 1])
 def test_recorded_norms_equal_direct_computation(micro, fake_trainer, fake_module):
     student, teacher, mask, teacher_mask = random_case(seed=1)
@@ -53,7 +63,7 @@ def test_recorded_norms_equal_direct_computation(micro, fake_trainer, fake_modul
     assert module.logit_grad_sink is cb
     cb.on_train_batch_start(trainer, module, None, 0)
     run_step(cb, student, teacher, mask, teacher_mask, micro)
-    cb.on_train_batch_end(trainer, module, {"grad_norm": 0.75}, None, 0)
+    cb.on_train_batch_end(trainer, module, outputs(0.75), None, 0)
     step, logged = trainer.loggers[0].calls[-1]
     assert logged == pytest.approx(expected, rel=1e-6)
     assert cb.summary() == pytest.approx(expected, rel=1e-6)
@@ -70,7 +80,7 @@ def test_split_without_tokens_is_skipped_and_interval_is_respected(fake_trainer,
         trainer.global_step = step
         cb.on_train_batch_start(trainer, module, None, 0)
         run_step(cb, student, teacher, mask, no_teacher, micro=3)
-        cb.on_train_batch_end(trainer, module, {"grad_norm": 1.0}, None, 0)
+        cb.on_train_batch_end(trainer, module, outputs(1.0), None, 0)
     calls = trainer.loggers[0].calls
     assert len(calls) == 1
     assert "grad/logit_sq_norm_teacher_tokens" not in calls[0][1]

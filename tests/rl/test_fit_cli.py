@@ -45,8 +45,17 @@ def test_every_grpo_config_parses(path):
 @pytest.mark.slow
 def test_tiny_grpo_fit_from_an_exported_student(policy_dir, tmp_path):
     run_dir = tmp_path / "run"
+    # GradientStats every 2 optimiser steps: with num_iterations 2, batch 1 takes steps 1-2 (due),
+    # batch 2 step 3 (not due), so exactly one measurement, at step 2.
+    config = yaml.safe_load((ROOT / "configs" / "tiny" / "grpo_countdown.yaml").read_text())
+    callbacks = config["trainer"]["callbacks"]
+    for callback in callbacks:
+        if callback["class_path"].endswith("GradientStats"):
+            callback["init_args"]["every_n_steps"] = 2
+    (tmp_path / "callbacks.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
     done = _fit(
         "--config", "configs/tiny/grpo_countdown.yaml",
+        "--config", str(tmp_path / "callbacks.yaml"),
         "--model.init_args.student", policy_dir,
         "--trainer.max_steps", "3",
         "--trainer.val_check_interval", "2",
@@ -80,3 +89,11 @@ def test_tiny_grpo_fit_from_an_exported_student(policy_dir, tmp_path):
     assert checkpoint["global_step"] == 3
     assert all(k.startswith("student.") for k in checkpoint["state_dict"])
     assert (run_dir / "student" / "config.json").is_file()
+    # The frozen reference (kl_coef > 0) is costed: its tokens and its seconds.
+    assert metrics["cost/reference_forward_tokens"] > 0 and metrics["cost/time/reference_forward"] > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("grad/param_norm")] == [2]
+    assert metrics["grad/param_norm"] == pytest.approx(events.Scalars("grad/param_norm")[0].value)
