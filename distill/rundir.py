@@ -26,6 +26,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback
 
+from distill.runinfo import write_atomic
+
 LOCK = ".lock"
 RECORD_KEY = "distill_run"
 # Config keys that may differ between a run and its resume: where it runs, how it is resumed,
@@ -83,18 +85,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, lambda f: torch.save(checkpoint, f))
 
 
 def scalar_metrics(trainer) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""What a run directory records besides the config: package versions, git revision, atomic writes."""
+"""What a run directory records besides the config (package versions, git revision), and the one\nway the project writes a file atomically."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import BinaryIO
 
 PACKAGES = (
     "distill",
@@ -60,18 +62,28 @@ def environment() -> dict:
     }
 
 
-def write_json_atomic(path: str | Path, obj) -> None:
-    """Write JSON so that readers see the old file or the complete new one, never a partial one."""
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it and rename it over `path`:
+    readers (and a process killed mid-write) see the old file or the complete new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=float, allow_nan=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_atomic(path, lambda f: f.write(text.encode()))
+
+
+def write_json_atomic(path: str | Path, obj, sort_keys: bool = True) -> None:
+    """Strict JSON (NaN/inf refused), indented, atomically (`write_atomic`)."""
+    text = json.dumps(obj, indent=2, sort_keys=sort_keys, default=float, allow_nan=False) + "\n"
+    write_text_atomic(path, text)

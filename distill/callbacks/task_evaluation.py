@@ -3,8 +3,6 @@ and its entropy along them, on the validation and test tasks."""
 
 from __future__ import annotations
 
-import hashlib
-
 import lightning as L
 
 from distill.callbacks.generation import datamodule_option, next_token_logits, student_rollouts
@@ -12,13 +10,10 @@ from distill.callbacks.options import check_float, check_int, check_optional_int
 from distill.metrics.entropy import masked_sum_count, token_entropy
 from distill.metrics.sampled_coverage import coverage_metrics
 from distill.rollout import RolloutSampler
+from distill.seeds import path_seed
 from distill.tasks.registry import get_task
 
 LOGIT_BUDGET = 1 << 26  # logit entries per entropy forward pass
-
-
-def _seed(*parts) -> int:
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
 class TaskEvaluation(L.Callback):
@@ -122,7 +117,7 @@ class TaskEvaluation(L.Callback):
                 dataset = dm_sets[dm_tasks.index(name)]
                 rows = [dataset[i] for i in range(min(self.num_problems, len(dataset)))]
             else:
-                rows = get_task(name).rows(self.num_problems, seed=_seed("task_evaluation", split))
+                rows = get_task(name).rows(self.num_problems, seed=path_seed("task_evaluation", split))
             if rows:
                 out.append((name, rows))
         return out

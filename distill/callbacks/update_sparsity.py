@@ -8,12 +8,13 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_float, check_int
 from distill.metrics import update_sparsity
+from distill.runinfo import write_atomic
 
 SNAPSHOT_NAME = "theta0.safetensors"
 
@@ -76,10 +77,8 @@ class UpdateSparsity(L.Callback):
         self.snapshot_path = str(path)
         if not write:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({n: t.detach().cpu().contiguous() for n, t in self.theta0.items()}, str(tmp))
-        tmp.replace(path)  # a crash mid-write never leaves a truncated θ0 behind
+        tensors = {n: t.detach().cpu().contiguous() for n, t in self.theta0.items()}
+        write_atomic(path, lambda f: f.write(save(tensors)))  # a crash never leaves a truncated θ0
 
     def load_snapshot(self, model: torch.nn.Module, path: Path) -> None:
         """Read θ0 from `path`; its names and shapes must match the trainable parameters."""

@@ -14,7 +14,6 @@ A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import lightning as L
 import torch
@@ -23,6 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from distill.models.loading import load_tokenizer
 from distill.rollout import RolloutBatch, RolloutSampler
+from distill.seeds import path_seed
 from distill.tasks.registry import get_task
 
 
@@ -42,10 +42,6 @@ class PromptCollator:
         else:
             enc = self.tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "rows": rows}
-
-
-def _seed(*parts) -> int:
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
 class ResumableShuffle(Sampler[int]):
@@ -199,19 +195,21 @@ class RolloutDataModule(L.LightningDataModule):
         seed, h = self.hparams.seed, self.hparams
         # Split seeds are disjoint: training prompts never come from the evaluation generators.
         if stage == "fit":
-            self.train_set = Dataset.from_list(self.task.rows(h.train_size, seed=_seed("train", seed)))
+            self.train_set = Dataset.from_list(self.task.rows(h.train_size, seed=path_seed("train", seed)))
         if stage in ("fit", "validate"):
-            self.val_sets = [Dataset.from_list(t.rows(h.val_size, seed=_seed("val"))) for t in self.val_tasks]
+            self.val_sets = [
+                Dataset.from_list(t.rows(h.val_size, seed=path_seed("val"))) for t in self.val_tasks
+            ]
         if stage == "test":
             self.test_sets = [
-                Dataset.from_list(t.rows(h.test_size, seed=_seed("test"))) for t in self.test_tasks
+                Dataset.from_list(t.rows(h.test_size, seed=path_seed("test"))) for t in self.test_tasks
             ]
 
     def _loader(self, dataset, batch_size: int) -> DataLoader:
         return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=self.collate)
 
     def train_dataloader(self):
-        self._shuffle = ResumableShuffle(len(self.train_set), _seed("order", self.hparams.seed))
+        self._shuffle = ResumableShuffle(len(self.train_set), path_seed("order", self.hparams.seed))
         if self._resume_from is not None:  # restored from a checkpoint: start where it stood
             position, self._resume_from = self._resume_from, None
             self._shuffle.resume(position["epoch"], position["batches"] * self.hparams.batch_size)
@@ -283,7 +281,7 @@ class RolloutDataModule(L.LightningDataModule):
                 self._teacher(module, self.sampler),
                 ids,
                 attn,
-                generator=torch.Generator().manual_seed(_seed("rollout", self.hparams.seed, step)),
+                generator=torch.Generator().manual_seed(path_seed("rollout", self.hparams.seed, step)),
                 seed=self._rollout_seed(trainer.current_epoch),
             )
             out = {"rollout": rollout, "rows": rows, "task": self.task.name, "group_size": g}
@@ -301,7 +299,7 @@ class RolloutDataModule(L.LightningDataModule):
     def _rollout_seed(self, epoch: int) -> int:
         """Per-row sampling streams are seeded by (this, prompt, occurrence): a prompt met again in a
         later epoch must get fresh noise, or its rollouts repeat (GRPO then fits that noise)."""
-        return self.hparams.seed if epoch == 0 else _seed("rollout", self.hparams.seed, "epoch", epoch)
+        return self.hparams.seed if epoch == 0 else path_seed("rollout", self.hparams.seed, "epoch", epoch)
 
     @staticmethod
     def _teacher(module, sampler: RolloutSampler):

@@ -20,7 +20,6 @@ runs `distill test` (the test prefix) and is finished iff its `test_metrics.json
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ import yaml
 from distill.experiments import references
 from distill.experiments.spec import Run, nest
 from distill.rundir import RunLock
+from distill.runinfo import write_text_atomic
 
 METRICS = "metrics.json"
 SETTINGS = "settings.json"
@@ -135,12 +135,6 @@ def fit_command(
     return cmd
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def prepare_run_dir(run: Run, sweep_name: str) -> str:
     """Make an unfinished run's directory ready to launch and return its state ('resume'/'todo').
 
@@ -162,7 +156,7 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
         # A truncated metrics.json from the killed attempt must not outlive the resumed fit.
         (run_dir / METRICS).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / OVERRIDES, yaml.safe_dump(nest(run.overrides), sort_keys=False))
+    write_text_atomic(run_dir / OVERRIDES, yaml.safe_dump(nest(run.overrides), sort_keys=False))
     record = {"sweep": sweep_name, "name": run.name, "settings": run.settings, "overrides": run.overrides}
     if run.stage is not None:
         record["stage"] = run.stage
@@ -170,5 +164,5 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
         record["reference"] = run.reference
     if run.after is not None:  # the parent run (its directory), for the before/after report
         record["after"] = {"stage": run.after.parent.name, "run": run.after.name, "run_dir": str(run.after)}
-    _atomic_write(run_dir / SETTINGS, json.dumps(record, indent=2) + "\n")
+    write_text_atomic(run_dir / SETTINGS, json.dumps(record, indent=2) + "\n")
     return state

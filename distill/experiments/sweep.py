@@ -16,7 +16,6 @@ run first, are listed by `--dry-run`, skipped once finished, and are not counted
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -34,6 +33,7 @@ from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
 from distill.rundir import RunDirError, RunLock
+from distill.runinfo import write_json_atomic
 
 ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
 
@@ -82,13 +82,6 @@ class Progress:
             self.stream.flush()
 
 
-def _write_json(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
     record = {
         "name": spec.name,
@@ -105,7 +98,7 @@ def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
         axes: dict[str, dict] = {}
         for stage in spec.stages:
             axes[stage.name] = {**(axes[stage.after] if stage.after else {}), **stage.axes}
-            _write_json(
+            write_json_atomic(
                 spec.out / stage.name / "sweep.json",
                 {
                     "name": f"{spec.name}/{stage.name}",
@@ -117,12 +110,13 @@ def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
                     "runs": [run.name for run in runs if run.stage == stage.name and not run.reference],
                     "references": [run.name for run in runs if run.stage == stage.name and run.reference],
                 },
+                sort_keys=False,
             )
         record["stages"] = [
             {"name": st.name, "after": st.after, "base": [str(p) for p in st.base], "axes": st.axes}
             for st in spec.stages
         ]
-    _write_json(spec.out / "sweep.json", record)
+    write_json_atomic(spec.out / "sweep.json", record, sort_keys=False)
 
 
 def run_sweep(

@@ -7,9 +7,7 @@ the sampler's granularities differ.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -43,12 +41,6 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: 
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from a JSON-serialisable description (stable across processes and machines)."""
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") & (2**63 - 1)
 
 
 class RowStreams:

@@ -20,11 +20,11 @@ from distill.rollout.decoding import (
     check_left_padded,
     choose_tokens,
     decode,
-    derive_seed,
     logit_width,
     model_token_id,
     strip_common_padding,
 )
+from distill.seeds import derive_seed
 
 GRANULARITIES = ("batch", "sequence", "token", "speculative")
 CACHE_ENV = "DISTILL_ROLLOUT_CACHE"

@@ -8,7 +8,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from distill.models.forward import eval_no_grad
 from distill.rollout import filter_logits
-from distill.rollout.decoding import RowStreams, derive_seed, logit_width
+from distill.rollout.decoding import RowStreams, logit_width
+from distill.seeds import derive_seed
 
 
 def hf_filter(logits, temperature, top_k, top_p):
