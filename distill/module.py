@@ -31,7 +31,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.tasks.registry import get_task
-from distill.training import NonFiniteGuard, StepCost, StepResult, check_optimizer
+from distill.training import GuardCheckpointing, NonFiniteGuard, StepCost, StepResult, check_optimizer
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
@@ -41,7 +41,7 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-4)
 
 
-class DistillationModule(L.LightningModule):
+class DistillationModule(GuardCheckpointing, L.LightningModule):
     """Distil `teacher` into `student` with `divergence` on the rollouts the DataModule samples.
 
     Args:
@@ -229,13 +229,6 @@ class DistillationModule(L.LightningModule):
             self.logger.experiment.add_text(
                 "rollouts", f"teacher-written spans in ⟦ ⟧\n\n{body}", self.global_step
             )
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["nonfinite_guard"] = self.guard.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "nonfinite_guard" in checkpoint:
-            self.guard.load_state_dict(checkpoint["nonfinite_guard"])
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:

@@ -104,3 +104,17 @@ class NonFiniteGuard:
 
     def load_state_dict(self, state: dict) -> None:
         self.skipped, self.in_a_row = int(state["skipped"]), int(state["in_a_row"])
+
+
+class GuardCheckpointing:
+    """Mixin (before `L.LightningModule`) for a module with a `NonFiniteGuard` in `self.guard`: its
+    counts travel in every checkpoint, so a resumed run keeps counting where it stood."""
+
+    guard: NonFiniteGuard
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["nonfinite_guard"] = self.guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "nonfinite_guard" in checkpoint:
+            self.guard.load_state_dict(checkpoint["nonfinite_guard"])

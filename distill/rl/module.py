@@ -55,7 +55,7 @@ from distill.rl.objective import (
 )
 from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
-from distill.training import NonFiniteGuard, StepCost, StepResult, check_optimizer
+from distill.training import GuardCheckpointing, NonFiniteGuard, StepCost, StepResult, check_optimizer
 
 
 @dataclass
@@ -79,7 +79,7 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-6)
 
 
-class GRPOModule(L.LightningModule):
+class GRPOModule(GuardCheckpointing, L.LightningModule):
     """Group Relative Policy Optimisation of `student` on the verifier rewards of `data.task`.
 
     Args:
@@ -394,13 +394,6 @@ class GRPOModule(L.LightningModule):
                 f"    [reward {float(r):g}] {t}".replace("\n", "\n    ") for r, t in zip(step.rewards, texts)
             )
             self.logger.experiment.add_text("completions", body, self.global_step)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["nonfinite_guard"] = self.guard.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "nonfinite_guard" in checkpoint:
-            self.guard.load_state_dict(checkpoint["nonfinite_guard"])
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:
