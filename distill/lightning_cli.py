@@ -23,11 +23,8 @@ model is loaded with one line naming the field, the value and what to do.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import time
-import uuid
 import warnings
 from pathlib import Path
 
@@ -41,77 +38,23 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from distill.data import RolloutDataModule
 from distill.errors import Diverged
 from distill.rundir import (
+    LAST_CKPT,
+    OPTIMIZER_ARGS,
     AtomicCheckpointIO,
     RunDirError,
     RunLock,
     RunRecord,
-    config_changes,
+    check_fit_target,
+    check_resume_config,
+    check_trainer_flags,
+    clear_fit_outputs,
+    default_run_dir,
     finite_metrics,
     read_checkpoint_record,
 )
 from distill.runinfo import environment, write_json_atomic
 
-LAST_CKPT = Path("checkpoints") / "last.ckpt"
-# What a fit writes into its run directory (an --overwrite or a fresh start removes these only).
-FIT_OUTPUTS = (
-    "config.yaml",
-    "env.json",
-    "tensorboard",
-    "checkpoints",
-    "student",
-    "theta0.safetensors",
-    "metrics.json",
-    "config_changes.json",
-)
-# Settings whose state the checkpoint restores, so a resume cannot change them (the optimiser's
-# own hyperparameters, `...optimizer.init_args.*`, can: RunRecord applies them to its state).
-RESUME_FIXED = ("model.init_args.optimizer.class_path", "model.init_args.lr_scheduler")
-OPTIMIZER_ARGS = "model.init_args.optimizer.init_args."
-DEFAULT_RUN_DIR_ENV = "DISTILL_DEFAULT_RUN_DIR"  # shared with ranks Lightning launches itself
 EXIT_DIVERGED = 3
-
-# Trainer flags the run owns: each refused up front with what to use instead.
-OWNED_TRAINER_FLAGS = {
-    "default_root_dir": (None, "the run directory is --run_dir; use --run_dir"),
-    "logger": (None, "a run logs to TensorBoard in <run_dir>/tensorboard; remove trainer.logger"),
-    "gradient_clip_val": (
-        None,
-        "the training step clips the gradient itself; set model.gradient_clip_val instead",
-    ),
-    "accumulate_grad_batches": (
-        1,
-        "one rollout batch (data.batch_size prompts) is one optimiser step; to fit it in memory "
-        "split it with model.micro_batch_size instead",
-    ),
-}
-
-
-def default_run_dir() -> str:
-    """`runs/<date>-<time>-<random>`: two fits started in the same second never share it. Rank 0
-    names it; ranks that Lightning launches from it inherit the name through the environment."""
-    if rank_zero_only.rank != 0 and DEFAULT_RUN_DIR_ENV in os.environ:
-        return os.environ[DEFAULT_RUN_DIR_ENV]
-    name = str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
-    os.environ[DEFAULT_RUN_DIR_ENV] = name
-    return name
-
-
-def read_status(run_dir: Path) -> str | None:
-    try:
-        data = json.loads((run_dir / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data.get("status") if isinstance(data, dict) else None
-
-
-def clear_fit_outputs(run_dir: Path) -> None:
-    """Remove what an earlier fit wrote (`FIT_OUTPUTS`); other files (a sweep's settings) stay."""
-    for name in FIT_OUTPUTS:
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
 
 
 class DistillCLI(LightningCLI):
@@ -163,10 +106,7 @@ class DistillCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config
         trainer = config.get("trainer") or {}
-        for flag, (default, what) in OWNED_TRAINER_FLAGS.items():
-            value = trainer.get(flag, default)
-            if value != default:
-                raise RunDirError(f"trainer.{flag}={value!r} is not used: {what}")
+        check_trainer_flags(trainer)
         every = config.checkpoint_every_n_steps
         if not isinstance(every, int) or every < 0:
             raise RunDirError(f"checkpoint_every_n_steps must be an integer >= 0, got {every!r}")
@@ -186,17 +126,7 @@ class DistillCLI(LightningCLI):
 
     def _check_fit(self, config, run_dir: Path) -> None:
         ckpt = Path(config.ckpt_path) if config.ckpt_path else None
-        status = read_status(run_dir)
-        if status is not None and not config.overwrite:
-            raise RunDirError(
-                f"run directory {str(run_dir)!r} holds a {status} run (metrics.json); pass --overwrite "
-                "to replace it (with --ckpt_path last: to continue it) or choose another --run_dir"
-            )
-        if ckpt is None and (run_dir / LAST_CKPT).is_file() and not config.overwrite:
-            raise RunDirError(
-                f"run directory {str(run_dir)!r} has a checkpoint of an unfinished run: resume it with "
-                "--ckpt_path last, or start afresh with --overwrite"
-            )
+        status = check_fit_target(run_dir, ckpt, config.overwrite)
         # Without a checkpoint, what an earlier fit wrote goes (an --overwrite, or the leftovers of
         # an attempt killed before its first checkpoint); a continued finished run loses its old
         # metrics.json at once, so a kill cannot leave it looking finished.
@@ -206,21 +136,9 @@ class DistillCLI(LightningCLI):
             record, self.resume_step = read_checkpoint_record(ckpt)
             if record is not None:
                 new = yaml.safe_load(self.parser.dump(config, skip_none=False, skip_check=True))
-                changes = config_changes(record["config"], new)
-                fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
-                if fixed:
-                    raise RunDirError(
-                        f"{fixed[0]} differs from checkpoint {str(ckpt)!r}, and a resumed run keeps the "
-                        "checkpoint's optimiser and schedule state; start a new run to change it"
-                    )
-                if changes and not config.allow_config_change:
-                    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changes.items())[:4])
-                    more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
-                    raise RunDirError(
-                        f"the config differs from checkpoint {str(ckpt)!r}: {listed}{more}; resume with "
-                        "the checkpoint's config, or pass --allow_config_change to record the change"
-                    )
-                self.resume_changes = changes
+                self.resume_changes = check_resume_config(
+                    record["config"], new, ckpt, config.allow_config_change
+                )
 
     # --- the trainer ------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs) -> L.Trainer:

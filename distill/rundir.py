@@ -10,20 +10,27 @@
   (`config_changes`) and, when it resumes after training ended, still reports those figures.
 - **Strict metrics.** `finite_metrics` turns NaN/inf into null and lists them, so `metrics.json` is
   always strict JSON.
+- **Checks before any model loads**: Trainer flags the run owns (`check_trainer_flags`), a fit
+  that would overwrite a done run or silently restart a checkpointed one (`check_fit_target`), a
+  resume whose config differs from its checkpoint's (`check_resume_config`).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
+import shutil
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 
 from distill.runinfo import write_atomic
@@ -45,6 +52,113 @@ RESUME_FREE_KEYS = (
 
 class RunDirError(ValueError):
     """A run directory refuses what was asked of it (in use, finished, has a checkpoint, ...)."""
+
+
+LAST_CKPT = Path("checkpoints") / "last.ckpt"
+# What a fit writes into its run directory (an --overwrite or a fresh start removes these only).
+FIT_OUTPUTS = (
+    "config.yaml",
+    "env.json",
+    "tensorboard",
+    "checkpoints",
+    "student",
+    "theta0.safetensors",
+    "metrics.json",
+    "config_changes.json",
+)
+# Settings whose state the checkpoint restores, so a resume cannot change them (the optimiser's
+# own hyperparameters, `...optimizer.init_args.*`, can: RunRecord applies them to its state).
+RESUME_FIXED = ("model.init_args.optimizer.class_path", "model.init_args.lr_scheduler")
+OPTIMIZER_ARGS = "model.init_args.optimizer.init_args."
+DEFAULT_RUN_DIR_ENV = "DISTILL_DEFAULT_RUN_DIR"  # shared with ranks Lightning launches itself
+
+# Trainer flags the run owns: each refused up front with what to use instead.
+OWNED_TRAINER_FLAGS = {
+    "default_root_dir": (None, "the run directory is --run_dir; use --run_dir"),
+    "logger": (None, "a run logs to TensorBoard in <run_dir>/tensorboard; remove trainer.logger"),
+    "gradient_clip_val": (
+        None,
+        "the training step clips the gradient itself; set model.gradient_clip_val instead",
+    ),
+    "accumulate_grad_batches": (
+        1,
+        "one rollout batch (data.batch_size prompts) is one optimiser step; to fit it in memory "
+        "split it with model.micro_batch_size instead",
+    ),
+}
+
+
+def default_run_dir() -> str:
+    """`runs/<date>-<time>-<random>`: two fits started in the same second never share it. Rank 0
+    names it; ranks that Lightning launches from it inherit the name through the environment."""
+    if rank_zero_only.rank != 0 and DEFAULT_RUN_DIR_ENV in os.environ:
+        return os.environ[DEFAULT_RUN_DIR_ENV]
+    name = str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+    os.environ[DEFAULT_RUN_DIR_ENV] = name
+    return name
+
+
+def read_status(run_dir: Path) -> str | None:
+    try:
+        data = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("status") if isinstance(data, dict) else None
+
+
+def clear_fit_outputs(run_dir: Path) -> None:
+    """Remove what an earlier fit wrote (`FIT_OUTPUTS`); other files (a sweep's settings) stay."""
+    for name in FIT_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def check_trainer_flags(trainer: dict) -> None:
+    """Refuse, in one line, a Trainer flag the run owns (`OWNED_TRAINER_FLAGS`)."""
+    for flag, (default, what) in OWNED_TRAINER_FLAGS.items():
+        value = trainer.get(flag, default)
+        if value != default:
+            raise RunDirError(f"trainer.{flag}={value!r} is not used: {what}")
+
+
+def check_fit_target(run_dir: Path, ckpt: Path | None, overwrite: bool) -> str | None:
+    """Refuse a fit that would overwrite a done run or restart a checkpointed one silently;
+    returns the run directory's status (`finished`, `diverged` or None)."""
+    status = read_status(run_dir)
+    if status is not None and not overwrite:
+        raise RunDirError(
+            f"run directory {str(run_dir)!r} holds a {status} run (metrics.json); pass --overwrite "
+            "to replace it (with --ckpt_path last: to continue it) or choose another --run_dir"
+        )
+    if ckpt is None and (run_dir / LAST_CKPT).is_file() and not overwrite:
+        raise RunDirError(
+            f"run directory {str(run_dir)!r} has a checkpoint of an unfinished run: resume it with "
+            "--ckpt_path last, or start afresh with --overwrite"
+        )
+    return status
+
+
+def check_resume_config(old: dict, new: dict, ckpt: Path, allow: bool) -> dict[str, tuple[Any, Any]]:
+    """The changes from a checkpoint's config to a resume's (`config_changes`): refused when they
+    touch `RESUME_FIXED`, or any setting unless `allow` (--allow_config_change)."""
+    changes = config_changes(old, new)
+    fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
+    if fixed:
+        raise RunDirError(
+            f"{fixed[0]} differs from checkpoint {str(ckpt)!r}, and a resumed run keeps the "
+            "checkpoint's optimiser and schedule state; start a new run to change it"
+        )
+    if changes and not allow:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changes.items())[:4])
+        more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
+        raise RunDirError(
+            f"the config differs from checkpoint {str(ckpt)!r}: {listed}{more}; resume with "
+            "the checkpoint's config, or pass --allow_config_change to record the change"
+        )
+    return changes
 
 
 class RunLock:

@@ -206,8 +206,6 @@ def test_a_changed_config_on_resume_is_refused(
 ):
     import yaml
 
-    from distill.lightning_cli import DistillCLI  # noqa: F401  (the parser that dumped the config)
-
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit):
         run_lightning_cli(["fit", *BASE, "--print_config"])
@@ -272,9 +270,9 @@ def test_a_locked_run_dir_refuses_a_second_fit(
 
 
 def test_default_run_dirs_do_not_collide(monkeypatch):
-    from distill import lightning_cli
+    from distill import rundir
 
-    monkeypatch.delenv(lightning_cli.DEFAULT_RUN_DIR_ENV, raising=False)
-    names = {lightning_cli.default_run_dir() for _ in range(50)}
+    monkeypatch.delenv(rundir.DEFAULT_RUN_DIR_ENV, raising=False)
+    names = {rundir.default_run_dir() for _ in range(50)}
     assert len(names) == 50 and all(n.startswith("runs/") for n in names)
     assert time.strftime("%Y%m%d") in next(iter(names))
