@@ -99,17 +99,9 @@ from typing import Any
 
 import yaml
 
-DIVERGENCES: dict[str, str] = {
-    "forward_kl": "distill.losses.ForwardKL",
-    "reverse_kl": "distill.losses.ReverseKL",
-    "jsd": "distill.losses.GeneralizedJSD",
-    "skew_kl": "distill.losses.SkewKL",
-    "skew_reverse_kl": "distill.losses.SkewReverseKL",
-    "tvd": "distill.losses.TotalVariation",
-    "interpolated_kl": "distill.losses.InterpolatedKL",
-}
-GRANULARITIES = ("batch", "sequence", "token", "speculative")
-ESTIMATORS = ("exact", "k1", "k2", "k3", "topk")
+from distill.names import DIVERGENCE_CLASSES as DIVERGENCES
+from distill.names import ESTIMATORS, GRANULARITIES
+
 ROOTS = ("trainer", "model", "data")
 MODEL_INIT_ARGS = "model.init_args."
 # Keys the runner itself sets on the command line; an axis or override may not set them.

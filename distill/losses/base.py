@@ -15,9 +15,7 @@ from torch import Tensor, nn
 from distill.losses.chunked import ChunkedDivergence, RowKernel, compute_dtype, resolve_chunk_size
 from distill.losses.functional import Terms, exact_rows, sampled_rows, topk_rows
 from distill.losses.reduction import row_scale
-
-EXACT_ESTIMATORS = ("exact", "topk")
-SAMPLED_ESTIMATORS = ("k1", "k2", "k3")
+from distill.names import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS
 
 
 def check_option(ok: bool, field: str, value, allowed: str) -> None:

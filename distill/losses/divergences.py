@@ -7,7 +7,7 @@ max_importance_weight) are documented on :class:`TokenDivergence`.
 
 from __future__ import annotations
 
-from distill.losses.base import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS, TokenDivergence, check_option
+from distill.losses.base import TokenDivergence, check_option
 from distill.losses.functional import (
     Terms,
     forward_kl_terms,
@@ -18,6 +18,7 @@ from distill.losses.functional import (
     skew_reverse_kl_terms,
     tvd_terms,
 )
+from distill.names import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS
 
 
 class ForwardKL(TokenDivergence):

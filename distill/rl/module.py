@@ -46,8 +46,8 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
+from distill.names import KL_ESTIMATORS
 from distill.rl.objective import (
-    KL_ESTIMATORS,
     clipped_surrogate,
     group_advantages,
     kl_penalty,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from distill.names import KL_ESTIMATORS
+
 # exp(30) ~ 1e13: a log-ratio past it means a token the policy all but excludes; k3's exp stays finite.
 MAX_LOG_RATIO = 30.0
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from distill.models.forward import eval_no_grad
+from distill.names import GRANULARITIES
 from distill.rollout.batch import RolloutBatch
 from distill.rollout.cache import RolloutCache, row_key, teacher_identity
 from distill.rollout.decoding import (
@@ -26,7 +27,6 @@ from distill.rollout.decoding import (
 )
 from distill.seeds import derive_seed
 
-GRANULARITIES = ("batch", "sequence", "token", "speculative")
 CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
 
 
