@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 
@@ -35,6 +36,18 @@ from distill.training import GuardCheckpointing, NonFiniteGuard, StepCost, StepR
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
+
+
+@dataclass
+class StepMeans:
+    """A distillation step's per-token means over its completion tokens (logged as `train/<name>`):
+    the optimised loss and, whatever is optimised, both exact KL directions and both entropies."""
+
+    loss: torch.Tensor
+    forward_kl: torch.Tensor
+    reverse_kl: torch.Tensor
+    student_entropy: torch.Tensor
+    teacher_entropy: torch.Tensor
 
 
 def _default_optimizer(params):
@@ -153,7 +166,7 @@ class DistillationModule(GuardCheckpointing, L.LightningModule):
         clip = self.hparams.gradient_clip_val
         grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
         t0 = time.perf_counter()
-        if self.guard.step_ok(means[0], grad_norm, self._trainer):
+        if self.guard.step_ok(means.loss, grad_norm, self._trainer):
             optimizer.step()
             scheduler = self.lr_schedulers()
             if scheduler is not None:
@@ -169,13 +182,13 @@ class DistillationModule(GuardCheckpointing, L.LightningModule):
             teacher_forward_s=timings["teacher_forward"],
         )
         return StepResult(
-            means[0], rollout, int(num_items), float(grad_norm), cost, bool(batch.get("reused", False))
+            means.loss, rollout, int(num_items), float(grad_norm), cost, bool(batch.get("reused", False))
         ).output()
 
-    def accumulate_gradients(self, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    def accumulate_gradients(self, rollout) -> tuple[StepMeans, torch.Tensor, dict]:
         """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the
-        completion tokens of the whole step. Returns per-token means of (loss, forward KL, reverse KL,
-        student entropy, teacher entropy), the token count and wall seconds per phase."""
+        completion tokens of the whole step. Returns the step's per-token means (`StepMeans`), the
+        token count and wall seconds per phase."""
         ids, attn = rollout.input_ids, rollout.attention_mask
         mask = rollout.completion_mask[:, 1:]
         teacher_written = rollout.teacher_token_mask[:, 1:]
@@ -207,14 +220,13 @@ class DistillationModule(GuardCheckpointing, L.LightningModule):
             timings["student_forward_backward"] += time.perf_counter() - t1
             stats = token_statistics(student.detach(), teacher)
             m = mask[rows].float()
-            keys = ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
+            keys = [f.name for f in fields(StepMeans)][1:]
             sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])
             del student, teacher, stats
-        return sums / num_items.clamp(min=1), num_items, timings
+        return StepMeans(*(sums / num_items.clamp(min=1))), num_items, timings
 
-    def _log_step(self, rollout, means, grad_norm, optimizer) -> None:
-        names = ("loss", "forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
-        for name, value in zip(names, means):
+    def _log_step(self, rollout, means: StepMeans, grad_norm, optimizer) -> None:
+        for name, value in vars(means).items():
             self.log(f"train/{name}", value, prog_bar=name in ("loss", "forward_kl", "reverse_kl"))
         lengths = rollout.completion_mask.sum(-1).float()
         self.log("train/teacher_share", rollout.teacher_share)
