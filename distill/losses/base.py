@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from distill.losses.chunked import ChunkedDivergence, RowKernel, compute_dtype, resolve_chunk_size
+from distill.losses.chunked import ChunkedDivergence, ChunkPlan, RowKernel, compute_dtype, resolve_chunk_size
 from distill.losses.functional import Terms, exact_rows, sampled_rows, topk_rows
 from distill.losses.reduction import row_scale
 from distill.names import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS
@@ -173,18 +173,8 @@ class TokenDivergence(nn.Module):
                     f"[{int(used.min())}, {int(used.max())}]"
                 )
         kernel = self._kernel(tokens, behaviour_logprobs)
-        return ChunkedDivergence.apply(
-            student,
-            teacher.detach(),
-            rows,
-            scale,
-            kernel,
-            width,
-            self.temperature,
-            resolve_chunk_size(self.chunk_size, width),
-            reduce,
-            torch.is_grad_enabled(),
-        )
+        plan = ChunkPlan(kernel, width, self.temperature, resolve_chunk_size(self.chunk_size, width), reduce)
+        return ChunkedDivergence.apply(student, teacher.detach(), rows, scale, plan, torch.is_grad_enabled())
 
     def _kernel(self, tokens: Tensor | None, behaviour_logprobs: Tensor | None) -> RowKernel:
         if self.sampled:

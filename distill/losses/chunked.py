@@ -11,6 +11,7 @@ that buffer in place and hands it to autograd. A second backward through the sam
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -57,19 +58,24 @@ def _scaled(rows: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
     return u
 
 
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How `ChunkedDivergence` evaluates rows: the row kernel, the vocabulary width compared, the
+    temperature, rows per chunk, and whether the output is the scalar sum (else ``[B, T]``)."""
+
+    kernel: RowKernel
+    width: int
+    temperature: float
+    chunk_size: int
+    reduce: bool
+
+
 def _run(
-    kernel: RowKernel,
-    student: Tensor,
-    teacher: Tensor,
-    rows: Tensor,
-    row_scale: Tensor,
-    width: int,
-    temperature: float,
-    chunk_size: int,
-    want_grad: bool,
+    plan: ChunkPlan, student: Tensor, teacher: Tensor, rows: Tensor, row_scale: Tensor, want_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
     """Values ``[B*T]`` (zero outside ``rows``; float32, or float64 for float64 inputs) and, if
     ``want_grad``, the gradient w.r.t. ``student`` scaled per row by ``row_scale``."""
+    kernel, width, temperature, chunk_size = plan.kernel, plan.width, plan.temperature, plan.chunk_size
     batch, seq = student.shape[:2]
     n = batch * seq
     dtype = compute_dtype(student)
@@ -109,8 +115,8 @@ def _run(
 
 
 class ChunkedDivergence(torch.autograd.Function):
-    """``apply(student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce,
-    grad_enabled)`` (pass ``torch.is_grad_enabled()`` as the last: inside ``forward`` it is always off).
+    """``apply(student, teacher, rows, row_scale, plan, grad_enabled)`` (pass
+    ``torch.is_grad_enabled()`` as the last: inside ``forward`` it is always off; `plan`: `ChunkPlan`).
 
     ``rows``: flat indices into ``B*T`` of the positions to evaluate. ``row_scale``: ``[B*T]`` float32
     weights. With ``reduce`` the output is the scalar ``sum(row_scale * value)``; otherwise the
@@ -118,20 +124,15 @@ class ChunkedDivergence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx, student, teacher, rows, row_scale, kernel, width, temperature, chunk_size, reduce, grad_enabled
-    ):
+    def forward(ctx, student, teacher, rows, row_scale, plan: ChunkPlan, grad_enabled: bool):
         # needs_input_grad is True even under torch.no_grad(), where no backward can follow
         want_grad = ctx.needs_input_grad[0] and grad_enabled
         with torch.no_grad():
-            values, grad = _run(
-                kernel, student, teacher, rows, row_scale, width, temperature, chunk_size, want_grad
-            )
+            values, grad = _run(plan, student, teacher, rows, row_scale, want_grad)
         ctx.grad = grad
-        ctx.reduce = reduce
-        ctx.args = (kernel, width, temperature, chunk_size)
+        ctx.plan = plan
         ctx.save_for_backward(student, teacher, rows, row_scale)
-        if reduce:
+        if plan.reduce:
             return (values * row_scale).sum()
         return values.view(student.shape[:2])
 
@@ -142,14 +143,11 @@ class ChunkedDivergence(torch.autograd.Function):
         ctx.grad = None  # drop our reference so autograd may take the buffer without a copy
         if grad is None:  # a second backward through a retained graph: recompute
             student, teacher, rows, row_scale = ctx.saved_tensors
-            kernel, width, temperature, chunk_size = ctx.args
             with torch.no_grad():
-                _, grad = _run(
-                    kernel, student, teacher, rows, row_scale, width, temperature, chunk_size, True
-                )
-        if ctx.reduce:
+                _, grad = _run(ctx.plan, student, teacher, rows, row_scale, True)
+        if ctx.plan.reduce:
             if not bool(grad_out == 1):
                 grad.mul_(grad_out.to(grad.dtype))
         else:
             grad.mul_(grad_out.to(grad.dtype).unsqueeze(-1))
-        return grad, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None
