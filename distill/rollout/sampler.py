@@ -6,6 +6,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +37,26 @@ def _is_int(value: object) -> bool:
 
 def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class _Call:
+    """One `RolloutSampler.sample` call: its inputs, derived per-row facts, and what it fills."""
+
+    input_ids: Tensor
+    mask: Tensor
+    prompts: list[list[int]]
+    occurrence: list[int]  # index of each row among identical prompts of the batch
+    settings: dict
+    seed: int | None
+    generator: torch.Generator | None
+    vocab: int
+    eos_ids: list[int]
+    pad_id: int
+    rows: list[list[int]]  # generated ids per row
+    by_teacher: list[list[bool]]  # per generated token: written by the teacher
+    forward_tokens: dict[str, int] = field(default_factory=lambda: {"teacher": 0, "student": 0})
+    cached: int = 0  # teacher rows read from the cache
 
 
 class RolloutSampler:
@@ -161,6 +182,24 @@ class RolloutSampler:
         check_left_padded(input_ids, attention_mask)
         if seed is not None and not _is_int(seed):
             raise ValueError(f"seed must be None or an integer, got {seed!r}")
+        call = self._prepare(student, teacher, input_ids, attention_mask, generator, seed)
+        with eval_no_grad(student, teacher):
+            if self.granularity in ("batch", "sequence"):
+                self._sample_per_row(call, student, teacher)
+            else:
+                self._sample_per_token(call, student, teacher)
+        return self._assemble(
+            input_ids,
+            call.mask,
+            call.rows,
+            call.by_teacher,
+            call.pad_id,
+            call.forward_tokens,
+            call.cached,
+            time.perf_counter() - start,
+        )
+
+    def _prepare(self, student, teacher, input_ids, attention_mask, generator, seed) -> _Call:
         eos_ids, pad_id = self._special_ids(student, teacher)
         vocab = self._vocab(student, teacher)
         settings = {
@@ -181,76 +220,89 @@ class RolloutSampler:
             seen[tuple(p)] = occurrence[-1] + 1
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(derive_seed(seed, "batch", prompts))
-
-        def streams(role: str, rows: Sequence[int]) -> RowStreams:
-            if seed is not None:
-                seeds = [derive_seed(seed, role, prompts[i], occurrence[i], settings) for i in rows]
-                return RowStreams.per_row(seeds, input_ids.device)
-            device = generator.device if generator is not None else "cpu"
-            return RowStreams.shared_from(
-                int(torch.randint(2**62, (1,), generator=generator, device=device)), input_ids.device
-            )
-
-        decode_kwargs = dict(
-            vocab_size=vocab, max_new_tokens=self.max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad_id
-        )
         b = input_ids.shape[0]
-        rows: list[list[int]] = [[] for _ in range(b)]
-        by_teacher: list[list[bool]] = [[] for _ in range(b)]
-        fwd = {"teacher": 0, "student": 0}
-        cached = 0
-
-        def run(model: nn.Module, role: str, idx: list[int]) -> None:
-            ids, m = strip_common_padding(input_ids[idx], mask[idx])
-            out = decode(
-                [model], ids, m, self._single_rule(role == "teacher"), streams(role, idx), **decode_kwargs
-            )
-            fwd[role] += out.forward_tokens[0]
-            self._collect(out, idx, rows, by_teacher)
-
-        with eval_no_grad(student, teacher):
-            if self.granularity in ("batch", "sequence"):
-                teacher_idx = self._teacher_rows(b, generator)
-                student_idx = [i for i in range(b) if i not in set(teacher_idx)]
-                cacheable = self.cache is not None and (seed is not None or self.temperature == 0)
-                keys = {}
-                if cacheable and teacher_idx:
-                    identity = teacher_identity(teacher)
-                    key_seed = None if self.temperature == 0 else seed  # greedy output ignores the seed
-                    keys = {
-                        i: row_key(identity, prompts[i], occurrence[i], settings, key_seed)
-                        for i in teacher_idx
-                    }
-                todo = []
-                for i in teacher_idx:
-                    hit = self.cache.get(keys[i]) if i in keys else None
-                    if hit is None or not 1 <= len(hit) <= self.max_new_tokens:
-                        todo.append(i)
-                    else:
-                        rows[i], by_teacher[i] = hit, [True] * len(hit)
-                        cached += 1
-                if todo:
-                    run(teacher, "teacher", todo)
-                    for i in todo:
-                        if i in keys:
-                            self.cache.put(keys[i], rows[i])
-                if student_idx:
-                    run(student, "student", student_idx)
-            else:
-                rule = self._token_rule() if self.granularity == "token" else self._speculative_rule(vocab)
-                out = decode(
-                    [student, teacher],
-                    input_ids,
-                    mask,
-                    rule,
-                    streams(self.granularity, range(b)),
-                    **decode_kwargs,
-                )
-                fwd["student"], fwd["teacher"] = out.forward_tokens
-                self._collect(out, list(range(b)), rows, by_teacher)
-        return self._assemble(
-            input_ids, mask, rows, by_teacher, pad_id, fwd, cached, time.perf_counter() - start
+        return _Call(
+            input_ids=input_ids,
+            mask=mask,
+            prompts=prompts,
+            occurrence=occurrence,
+            settings=settings,
+            seed=seed,
+            generator=generator,
+            vocab=vocab,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            rows=[[] for _ in range(b)],
+            by_teacher=[[] for _ in range(b)],
         )
+
+    def _streams(self, call: _Call, role: str, rows: Sequence[int]) -> RowStreams:
+        """Per-row streams seeded by (seed, role, prompt, occurrence, settings) when seeded; else
+        one shared stream drawn from the batch generator (or the global RNG)."""
+        if call.seed is not None:
+            seeds = [
+                derive_seed(call.seed, role, call.prompts[i], call.occurrence[i], call.settings) for i in rows
+            ]
+            return RowStreams.per_row(seeds, call.input_ids.device)
+        device = call.generator.device if call.generator is not None else "cpu"
+        draw = torch.randint(2**62, (1,), generator=call.generator, device=device)
+        return RowStreams.shared_from(int(draw), call.input_ids.device)
+
+    def _decode_kwargs(self, call: _Call) -> dict:
+        return dict(
+            vocab_size=call.vocab,
+            max_new_tokens=self.max_new_tokens,
+            eos_token_ids=call.eos_ids,
+            pad_token_id=call.pad_id,
+        )
+
+    def _sample_per_row(self, call: _Call, student: nn.Module, teacher: nn.Module) -> None:
+        """`batch` / `sequence`: whole rows written by one model; teacher rows come from the cache
+        when it has them (seeded or greedy sampling), else are decoded and stored."""
+        b = call.input_ids.shape[0]
+        teacher_idx = self._teacher_rows(b, call.generator)
+        student_idx = [i for i in range(b) if i not in set(teacher_idx)]
+        keys = {}
+        if self.cache is not None and (call.seed is not None or self.temperature == 0) and teacher_idx:
+            identity = teacher_identity(teacher)
+            key_seed = None if self.temperature == 0 else call.seed  # greedy output ignores the seed
+            keys = {
+                i: row_key(identity, call.prompts[i], call.occurrence[i], call.settings, key_seed)
+                for i in teacher_idx
+            }
+        todo = []
+        for i in teacher_idx:
+            hit = self.cache.get(keys[i]) if i in keys else None
+            if hit is None or not 1 <= len(hit) <= self.max_new_tokens:
+                todo.append(i)
+            else:
+                call.rows[i], call.by_teacher[i] = hit, [True] * len(hit)
+                call.cached += 1
+        if todo:
+            self._decode_rows(call, teacher, "teacher", todo)
+            for i in todo:
+                if i in keys:
+                    self.cache.put(keys[i], call.rows[i])
+        if student_idx:
+            self._decode_rows(call, student, "student", student_idx)
+
+    def _decode_rows(self, call: _Call, model: nn.Module, role: str, idx: list[int]) -> None:
+        ids, m = strip_common_padding(call.input_ids[idx], call.mask[idx])
+        rule = self._single_rule(role == "teacher")
+        out = decode([model], ids, m, rule, self._streams(call, role, idx), **self._decode_kwargs(call))
+        call.forward_tokens[role] += out.forward_tokens[0]
+        self._collect(out, idx, call.rows, call.by_teacher)
+
+    def _sample_per_token(self, call: _Call, student: nn.Module, teacher: nn.Module) -> None:
+        """`token` / `speculative`: both models step together; a rule picks each token's writer."""
+        b = call.input_ids.shape[0]
+        rule = self._token_rule() if self.granularity == "token" else self._speculative_rule(call.vocab)
+        streams = self._streams(call, self.granularity, range(b))
+        out = decode(
+            [student, teacher], call.input_ids, call.mask, rule, streams, **self._decode_kwargs(call)
+        )
+        call.forward_tokens["student"], call.forward_tokens["teacher"] = out.forward_tokens
+        self._collect(out, list(range(b)), call.rows, call.by_teacher)
 
     # -- choosing who writes ---------------------------------------------------------------
 
