@@ -58,6 +58,16 @@ class _Call:
     forward_tokens: dict[str, int] = field(default_factory=lambda: {"teacher": 0, "student": 0})
     cached: int = 0  # teacher rows read from the cache
 
+    @property
+    def decode_kwargs(self) -> dict:
+        max_new = self.settings["max_new_tokens"]
+        return dict(
+            vocab_size=self.vocab,
+            max_new_tokens=max_new,
+            eos_token_ids=self.eos_ids,
+            pad_token_id=self.pad_id,
+        )
+
 
 class RolloutSampler:
     """Generates completions for a prompt batch from a mixture of the student and the teacher.
@@ -188,16 +198,7 @@ class RolloutSampler:
                 self._sample_per_row(call, student, teacher)
             else:
                 self._sample_per_token(call, student, teacher)
-        return self._assemble(
-            input_ids,
-            call.mask,
-            call.rows,
-            call.by_teacher,
-            call.pad_id,
-            call.forward_tokens,
-            call.cached,
-            time.perf_counter() - start,
-        )
+        return self._assemble(call, time.perf_counter() - start)
 
     def _prepare(self, student, teacher, input_ids, attention_mask, generator, seed) -> _Call:
         eos_ids, pad_id = self._special_ids(student, teacher)
@@ -248,14 +249,6 @@ class RolloutSampler:
         draw = torch.randint(2**62, (1,), generator=call.generator, device=device)
         return RowStreams.shared_from(int(draw), call.input_ids.device)
 
-    def _decode_kwargs(self, call: _Call) -> dict:
-        return dict(
-            vocab_size=call.vocab,
-            max_new_tokens=self.max_new_tokens,
-            eos_token_ids=call.eos_ids,
-            pad_token_id=call.pad_id,
-        )
-
     def _sample_per_row(self, call: _Call, student: nn.Module, teacher: nn.Module) -> None:
         """`batch` / `sequence`: whole rows written by one model; teacher rows come from the cache
         when it has them (seeded or greedy sampling), else are decoded and stored."""
@@ -289,20 +282,18 @@ class RolloutSampler:
     def _decode_rows(self, call: _Call, model: nn.Module, role: str, idx: list[int]) -> None:
         ids, m = strip_common_padding(call.input_ids[idx], call.mask[idx])
         rule = self._single_rule(role == "teacher")
-        out = decode([model], ids, m, rule, self._streams(call, role, idx), **self._decode_kwargs(call))
+        out = decode([model], ids, m, rule, self._streams(call, role, idx), **call.decode_kwargs)
         call.forward_tokens[role] += out.forward_tokens[0]
-        self._collect(out, idx, call.rows, call.by_teacher)
+        self._collect(out, idx, call)
 
     def _sample_per_token(self, call: _Call, student: nn.Module, teacher: nn.Module) -> None:
         """`token` / `speculative`: both models step together; a rule picks each token's writer."""
         b = call.input_ids.shape[0]
         rule = self._token_rule() if self.granularity == "token" else self._speculative_rule(call.vocab)
         streams = self._streams(call, self.granularity, range(b))
-        out = decode(
-            [student, teacher], call.input_ids, call.mask, rule, streams, **self._decode_kwargs(call)
-        )
+        out = decode([student, teacher], call.input_ids, call.mask, rule, streams, **call.decode_kwargs)
         call.forward_tokens["student"], call.forward_tokens["teacher"] = out.forward_tokens
-        self._collect(out, list(range(b)), call.rows, call.by_teacher)
+        self._collect(out, list(range(b)), call)
 
     # -- choosing who writes ---------------------------------------------------------------
 
@@ -377,22 +368,21 @@ class RolloutSampler:
         return self.vocab_size
 
     @staticmethod
-    def _collect(out: Decoded, idx: list[int], rows: list[list[int]], by_teacher: list[list[bool]]) -> None:
+    def _collect(out: Decoded, idx: list[int], call: _Call) -> None:
         tokens, teacher, lengths = out.tokens.tolist(), out.teacher.tolist(), out.lengths.tolist()
         for j, i in enumerate(idx):
-            rows[i], by_teacher[i] = tokens[j][: lengths[j]], teacher[j][: lengths[j]]
+            call.rows[i], call.by_teacher[i] = tokens[j][: lengths[j]], teacher[j][: lengths[j]]
 
     @staticmethod
-    def _assemble(
-        input_ids: Tensor,
-        mask: Tensor,
-        rows: list[list[int]],
-        by_teacher: list[list[bool]],
-        pad_id: int,
-        fwd: dict[str, int],
-        cached: int,
-        seconds: float,
-    ) -> RolloutBatch:
+    def _assemble(call: _Call, seconds: float) -> RolloutBatch:
+        input_ids, mask, rows, by_teacher, pad_id = (
+            call.input_ids,
+            call.mask,
+            call.rows,
+            call.by_teacher,
+            call.pad_id,
+        )
+        fwd, cached = call.forward_tokens, call.cached
         b, p = input_ids.shape
         n = max(len(r) for r in rows)
         gen = torch.full((b, n), pad_id, dtype=input_ids.dtype)
