@@ -48,8 +48,10 @@ class ResumableShuffle(Sampler[int]):
     """A shuffled order of `n` items per epoch that can restart mid-epoch.
 
     Epoch `e`'s order is what `DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`
-    yields in its `e`-th pass (each pass draws the loader's base seed, then a permutation), but it
-    is a function of (seed, epoch) alone, so a resumed run meets the same prompts in the same order.
+    yields in its `e`-th pass as Lightning reads it (each pass draws the loader's base seed, then a
+    permutation; Lightning stops after `len(loader)` batches, so `RandomSampler`'s trailing draw
+    never happens), but it is a function of (seed, epoch) alone, so a resumed run meets the same
+    prompts in the same order.
     `resume(epoch, consumed)` makes the next pass start after the first `consumed` items."""
 
     def __init__(self, n: int, seed: int):
@@ -65,9 +67,8 @@ class ResumableShuffle(Sampler[int]):
 
     def order(self, epoch: int) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed)
-        for _ in range(epoch):  # a whole pass: base seed, permutation, and RandomSampler's trailing
-            torch.empty((), dtype=torch.int64).random_(generator=generator)  # permutation (for its
-            torch.randperm(self.n, generator=generator)  # n % len remainder, drawn even when 0)
+        for _ in range(epoch):  # an earlier pass: the loader's base seed, then its permutation
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
             torch.randperm(self.n, generator=generator)
         torch.empty((), dtype=torch.int64).random_(generator=generator)
         return torch.randperm(self.n, generator=generator).tolist()

@@ -4,6 +4,7 @@ the sweep's respect for a run directory another process holds."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import pickle
@@ -22,11 +23,11 @@ from distill.training import NonFiniteGuard, check_optimizer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("n, seed", [(10, 0), (37, 12345)])
-def test_shuffle_orders_are_what_a_seeded_shuffling_loader_yields(n, seed):
+@pytest.mark.parametrize("n, seed", [(10, 0), (37, 12345), (96, 123)])
+def test_shuffle_orders_are_what_lightning_read_from_a_seeded_shuffling_loader(n, seed):
     """Epoch e of `ResumableShuffle` equals the e-th pass of `DataLoader(shuffle=True, generator=
-    Generator().manual_seed(seed), drop_last=True)` (the order the project used before resume
-    existed), also when the last partial batch is dropped."""
+    Generator().manual_seed(seed), drop_last=True)` read as Lightning reads it, `len(loader)`
+    batches a pass (the order the project used before resume existed)."""
     loader = DataLoader(
         list(range(n)),
         batch_size=4,
@@ -36,10 +37,49 @@ def test_shuffle_orders_are_what_a_seeded_shuffling_loader_yields(n, seed):
     )
     shuffle = ResumableShuffle(n, seed)
     for epoch in range(3):
-        expected = [int(i) for batch in loader for i in batch]
+        expected = [int(i) for batch in itertools.islice(iter(loader), len(loader)) for i in batch]
         shuffle.set_epoch(epoch)
         order = list(shuffle)
         assert order[: len(expected)] == expected and sorted(order) == list(range(n))
+
+
+@pytest.mark.slow
+def test_shuffle_matches_a_real_lightning_loop_across_epochs():
+    """The same, through `Trainer.fit` itself (96 prompts, batches of 16: two whole epochs)."""
+    import lightning as L
+
+    seen: list[list[int]] = []
+
+    class Recorder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            seen.append(batch.tolist())
+            self.optimizers().step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD([self.weight], lr=0.1)
+
+    loader = DataLoader(
+        list(range(96)),
+        batch_size=16,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(5),
+    )
+    trainer = L.Trainer(
+        max_steps=12,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Recorder(), loader)
+    shuffle = ResumableShuffle(96, 5)
+    assert [i for batch in seen for i in batch] == shuffle.order(0) + shuffle.order(1)
 
 
 def test_shuffle_resumes_mid_epoch_then_runs_whole_epochs():
