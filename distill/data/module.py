@@ -14,6 +14,7 @@ A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import lightning as L
 import torch
@@ -24,6 +25,10 @@ from distill.models.loading import load_tokenizer
 from distill.rollout import RolloutBatch, RolloutSampler
 from distill.seeds import path_seed
 from distill.tasks.registry import get_task
+
+# Lightning cannot see that the training loader resumes mid-epoch (the DataModule's state restores
+# its position, `ResumableShuffle`), so it warns on every such resume; the warning is wrong here.
+warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
 
 
 class PromptCollator:

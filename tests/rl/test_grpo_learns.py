@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from distill.data import RolloutDataModule
-from distill.data.module import _seed
 from distill.rl import GRPOModule
 from distill.rollout import RolloutSampler
+from distill.seeds import path_seed
 from distill.tasks import countdown
 from distill.tasks.registry import get_task
 
@@ -83,7 +83,7 @@ class RewardLog(L.Callback):
 def test_a_short_grpo_run_raises_countdown_reward(tmp_path):
     data_seed, train_size = 0, 8
     # The prompts the DataModule will train on (its training split for this seed).
-    rows = get_task("countdown3").rows(train_size, seed=_seed("train", data_seed))
+    rows = get_task("countdown3").rows(train_size, seed=path_seed("train", data_seed))
     tok = _pretrained_policy(tmp_path / "policy", rows)
     module = GRPOModule(
         student=str(tmp_path / "policy"), optimizer=partial(torch.optim.AdamW, lr=3e-4), log_text_every=0
