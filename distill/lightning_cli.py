@@ -52,7 +52,7 @@ from distill.rundir import (
     finite_metrics,
     read_checkpoint_record,
 )
-from distill.runinfo import environment, write_json_atomic
+from distill.runinfo import environment, write_json_atomic, write_text_atomic
 
 EXIT_DIVERGED = 3
 
@@ -194,7 +194,7 @@ class DistillCLI(LightningCLI):
             clear_fit_outputs(run_dir)
         if command == "fit" and self.continuing:
             (run_dir / "metrics.json").unlink(missing_ok=True)
-        (run_dir / "config.yaml").write_text(self.parser.dump(self.config, skip_none=False))
+        write_text_atomic(run_dir / "config.yaml", self.parser.dump(self.config, skip_none=False))
         write_json_atomic(run_dir / "env.json", environment())
         if self.resume_changes:
             self._record_changes(run_dir)

@@ -129,6 +129,19 @@ def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env,
 
 
 @pytest.mark.slow
+def test_killed_right_after_an_epoch_ends_resumes_into_the_next(tmp_path, env, reference):
+    """The checkpoint of step 8 closes epoch 0 (8 batches): the resumed run must start epoch 1 at
+    its first batch, not replay or skip it."""
+    run = tmp_path / "run"
+    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="9").returncode == -signal.SIGKILL
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 8 and ckpt["RolloutDataModule"]["position"] == {"epoch": 0, "batches": 8}
+    resumed = fit(run, env, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert untimed(run) == reference
+
+
+@pytest.mark.slow
 def test_killed_while_testing_resumes_with_its_training_figures(tmp_path, env, reference):
     run = tmp_path / "run"
     killed = fit(run, env, DISTILL_TEST_KILL_IN="test")
