@@ -39,6 +39,7 @@ from distill.data import RolloutDataModule
 from distill.errors import Diverged
 from distill.rundir import (
     LAST_CKPT,
+    METRICS,
     OPTIMIZER_ARGS,
     AtomicCheckpointIO,
     RunDirError,
@@ -193,7 +194,7 @@ class DistillCLI(LightningCLI):
         if command == "fit" and self.fresh_start:
             clear_fit_outputs(run_dir)
         if command == "fit" and self.continuing:
-            (run_dir / "metrics.json").unlink(missing_ok=True)
+            (run_dir / METRICS).unlink(missing_ok=True)
         write_text_atomic(run_dir / "config.yaml", self.parser.dump(self.config, skip_none=False))
         write_json_atomic(run_dir / "env.json", environment())
         if self.resume_changes:
@@ -241,7 +242,7 @@ class DistillCLI(LightningCLI):
             record["nonfinite"] = nonfinite
         if reason is not None:
             record["reason"] = reason
-        write_json_atomic(run_dir / "metrics.json", record)
+        write_json_atomic(run_dir / METRICS, record)
 
     def _record_changes(self, run_dir: Path) -> None:
         path = run_dir / "config_changes.json"

@@ -72,7 +72,7 @@ class DistillationModule(GuardCheckpointing, L.LightningModule):
         num_text_samples: rollouts per text log.
         max_nonfinite_steps: a step with a non-finite loss or gradient norm is skipped (weights
             untouched; counted as `train/nonfinite_steps`); this many in a row stop the run as
-            diverged (`distill.guard.NonFiniteGuard`).
+            diverged (`distill.training.NonFiniteGuard`).
     """
 
     def __init__(

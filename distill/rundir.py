@@ -55,6 +55,7 @@ class RunDirError(ValueError):
 
 
 LAST_CKPT = Path("checkpoints") / "last.ckpt"
+METRICS = "metrics.json"  # written last, atomically: the run's status and figures
 # What a fit writes into its run directory (an --overwrite or a fresh start removes these only).
 FIT_OUTPUTS = (
     "config.yaml",
@@ -63,7 +64,7 @@ FIT_OUTPUTS = (
     "checkpoints",
     "student",
     "theta0.safetensors",
-    "metrics.json",
+    METRICS,
     "config_changes.json",
 )
 # Settings whose state the checkpoint restores, so a resume cannot change them (the optimiser's
@@ -98,12 +99,19 @@ def default_run_dir() -> str:
     return name
 
 
-def read_status(run_dir: Path) -> str | None:
+def read_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """The parsed `metrics.json` of a run, or None when it is missing, truncated or not a mapping."""
     try:
-        data = json.loads((run_dir / "metrics.json").read_text())
+        data = json.loads((Path(run_dir) / METRICS).read_text())
     except (OSError, ValueError):
         return None
-    return data.get("status") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def read_status(run_dir: Path) -> str | None:
+    """The `status` of a run's `metrics.json` (`finished`, `diverged`), or None."""
+    data = read_metrics(run_dir)
+    return data.get("status") if data is not None else None
 
 
 def clear_fit_outputs(run_dir: Path) -> None:
@@ -251,19 +259,20 @@ def read_checkpoint_record(path: str | Path) -> tuple[dict | None, int]:
     return checkpoint.get(RECORD_KEY), int(checkpoint.get("global_step", 0))
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as dotted keys: `{"a": {"b": 1}}` -> `{"a.b": 1}`."""
     if not isinstance(tree, dict):
         return {prefix: tree}
     out: dict[str, Any] = {}
     for key, value in tree.items():
-        out |= _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        out |= flatten(value, f"{prefix}.{key}" if prefix else str(key))
     return out
 
 
 def config_changes(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
     """Dotted key -> (checkpoint's value, new value) for every setting that differs, leaving out
     `RESUME_FREE_KEYS`."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten(old), flatten(new)
     free = tuple(RESUME_FREE_KEYS)
     return {
         key: (a.get(key), b.get(key))

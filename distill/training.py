@@ -5,9 +5,10 @@
 `on_train_batch_end`; its `StepCost` says what the batch cost beyond its rollout.
 
 `NonFiniteGuard` skips an optimiser step whose loss or gradient norm is not finite; after
-`patience` such steps in a row it stops the run (`distill.errors.Diverged`). A skipped step leaves the weights, the optimiser state and the LR schedule untouched (its
-gradients are dropped), so the last checkpoint before the divergence and the weights at the stop
-are the same good weights. Under DDP the decision is taken on every rank together."""
+`patience` such steps in a row it stops the run (`distill.errors.Diverged`). A skipped step
+leaves the weights, the optimiser state and the LR schedule untouched (its gradients are
+dropped), so the last checkpoint before the divergence and the weights at the stop are the same
+good weights. Under DDP the decision is taken on every rank together."""
 
 from __future__ import annotations
 

@@ -69,8 +69,9 @@ class CostMeter(L.Callback):
 
     It reads each step's `distill.training.StepResult`. Evaluation compute is not in the token
     and FLOP counts (it is measurement, not training). A rollout reused across steps
-    (`data.refresh_every > 1`, `StepResult.reused_rollout`) is counted once. Counts are this process's (one device; multiply by the device count under
-    data parallelism). Totals survive resuming (checkpoint state).
+    (`data.refresh_every > 1`, `StepResult.reused_rollout`) is counted once. Counts are this
+    process's (one device; multiply by the device count under data parallelism). Totals survive
+    resuming (checkpoint state).
 
     Args:
         every_n_steps: log the running totals every N optimiser steps (always at the end of fit).

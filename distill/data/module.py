@@ -187,7 +187,6 @@ class RolloutDataModule(L.LightningDataModule):
         # Where training stands, for exact resume: the epoch and the prompt batches consumed in it
         # (counted when a batch is turned into rollouts, so a batch the loop only prefetched is not).
         self._position = {"epoch": 0, "batches": 0}
-        self._shuffle: ResumableShuffle | None = None
         self._resume_from: dict | None = None  # a checkpoint's position, for the next train loader
 
     # --- datasets ---------------------------------------------------------------------------------
@@ -215,14 +214,14 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=self.collate)
 
     def train_dataloader(self):
-        self._shuffle = ResumableShuffle(len(self.train_set), path_seed("order", self.hparams.seed))
+        shuffle = ResumableShuffle(len(self.train_set), path_seed("order", self.hparams.seed))
         if self._resume_from is not None:  # restored from a checkpoint: start where it stood
             position, self._resume_from = self._resume_from, None
-            self._shuffle.resume(position["epoch"], position["batches"] * self.hparams.batch_size)
+            shuffle.resume(position["epoch"], position["batches"] * self.hparams.batch_size)
         return DataLoader(
             self.train_set,
             batch_size=self.hparams.batch_size,
-            sampler=self._shuffle,
+            sampler=shuffle,
             collate_fn=self.collate,
             drop_last=True,
         )

@@ -27,7 +27,8 @@ from pathlib import Path
 from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import TEST_METRICS
-from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, is_run_dir
+from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
+from distill.rundir import METRICS
 
 RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS, TEST_METRICS)
 SKIP_DIRS = {"checkpoints", "tensorboard", "student", "rollout_cache", "report"}

@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.rundirs import METRICS, OVERRIDES, SETTINGS, is_run_dir, read_metrics
+from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
 from distill.experiments.spec import DIVERGENCES, PATH_TO_SHORTHAND, SpecError, canonical_axis, format_value
+from distill.rundir import METRICS, flatten, read_metrics
 
 REPLICATE = "seed"
 # The contract's headline metrics, in report order; `{set}` expands to each test set present.
@@ -82,15 +83,6 @@ def run_problem(run_dir: Path, data: dict | None) -> str | None:
     return None
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def _canonical(settings: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in settings.items():
@@ -114,11 +106,11 @@ def _settings(run_dir: Path, metrics: dict[str, Any] | None) -> dict[str, Any]:
     try:
         overrides = yaml.safe_load((run_dir / OVERRIDES).read_text())
         if isinstance(overrides, dict) and overrides:
-            return _canonical(_flatten(overrides))
+            return _canonical(flatten(overrides))
     except (OSError, yaml.YAMLError):
         pass
     if metrics and isinstance(metrics.get("settings"), dict):
-        return _canonical(_flatten(metrics["settings"]))
+        return _canonical(flatten(metrics["settings"]))
     return {}
 
 

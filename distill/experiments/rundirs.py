@@ -23,16 +23,14 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from distill.experiments import references
 from distill.experiments.spec import Run, nest
-from distill.rundir import RunLock
+from distill.rundir import METRICS, RunLock, read_status
 from distill.runinfo import write_text_atomic
 
-METRICS = "metrics.json"
 SETTINGS = "settings.json"
 OVERRIDES = "overrides.yaml"
 LAST_CKPT = Path("checkpoints") / "last.ckpt"
@@ -54,23 +52,8 @@ def is_run_dir(path: Path) -> bool:
     return any((Path(path) / name).exists() for name in (SETTINGS, METRICS, OVERRIDES))
 
 
-def read_metrics(run_dir: Path) -> dict[str, Any] | None:
-    """The parsed `metrics.json` of a run, or None when it is missing, truncated or not a mapping."""
-    try:
-        data = json.loads((Path(run_dir) / METRICS).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def status(run_dir: Path) -> str | None:
-    """The `status` of a run's `metrics.json` (`finished`, `diverged`), or None."""
-    data = read_metrics(run_dir)
-    return data.get("status") if data is not None else None
-
-
 def is_finished(run_dir: Path) -> bool:
-    return status(run_dir) == "finished"
+    return read_status(run_dir) == "finished"
 
 
 def resume_checkpoint(run_dir: Path) -> Path | None:
@@ -80,14 +63,14 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
 
 def run_state(run_dir: Path) -> str:
     """'done' (finished or diverged), 'resume' (has last.ckpt) or 'todo' (fresh start)."""
-    if status(run_dir) in DONE:
+    if read_status(run_dir) in DONE:
         return "done"
     return "resume" if resume_checkpoint(run_dir) else "todo"
 
 
 def is_done(run: Run) -> bool:
     """Whether a run of the sweep, a fit or a reference, has finished."""
-    return references.is_done(run.run_dir) if run.reference else status(run.run_dir) in DONE
+    return references.is_done(run.run_dir) if run.reference else read_status(run.run_dir) in DONE
 
 
 def state_of(run: Run) -> str:

@@ -32,7 +32,7 @@ from distill.experiments import spec as spec_module
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
-from distill.rundir import RunDirError, RunLock
+from distill.rundir import RunDirError, RunLock, read_metrics, read_status
 from distill.runinfo import write_json_atomic
 
 ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
@@ -194,11 +194,11 @@ def run_sweep(
                     continue
                 if code == 0:  # exited cleanly but never wrote a finished metrics.json
                     code = -1
-                if rundirs.status(run.run_dir) == "diverged":
+                if read_status(run.run_dir) == "diverged":
                     result.failed.append((name, code, log_path))
                     lost.add(run.run_dir)
                     progress.failed += 1
-                    reason = (rundirs.read_metrics(run.run_dir) or {}).get("reason", "")
+                    reason = (read_metrics(run.run_dir) or {}).get("reason", "")
                     progress.message(f"[sweep] DIVERGED {name}: {reason}; log: {log_path}")
                     continue
                 result.failed.append((name, code, log_path))
