@@ -1,7 +1,8 @@
 """Token-level divergences between student and teacher next-token distributions.
 
 ``divergences.py`` holds the classes and the config registry, ``base.py`` their shared options and
-call paths, ``functional.py`` the closed-form row math, ``chunked.py`` the memory-light autograd,
+call paths, ``formulas.py`` each divergence's per-token definition (all a new one needs),
+``functional.py`` the closed-form row math, ``chunked.py`` the memory-light autograd,
 ``reduction.py`` the optimiser-step normalisation and ``statistics.py`` the logging statistics.
 """
 

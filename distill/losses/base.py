@@ -1,8 +1,10 @@
 """``TokenDivergence``: the shared options, checks and call paths of every token-level divergence.
 
-A concrete divergence only says which closed-form terms it uses (see ``functional.py``) and whether
-it is a pure KL direction (which enables the sampled estimators). Subclass this one class directly;
-there is no deeper hierarchy.
+A concrete divergence writes its per-token formula once (``formula``, see ``formulas.py``); that is
+enough, since the value and gradient then come from autograd on each chunk. The registered ones
+also give closed-form ``terms`` (see ``functional.py``: no graph, fewer buffers), which the tests
+check against the autograd of the formula, and say whether they are a pure KL direction (which
+enables the sampled estimators). Subclass this one class directly; there is no deeper hierarchy.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from distill.losses.chunked import ChunkedDivergence, ChunkPlan, RowKernel, compute_dtype, resolve_chunk_size
+from distill.losses.formulas import Formula, autograd_terms
 from distill.losses.functional import Terms, exact_rows, sampled_rows, topk_rows
 from distill.losses.reduction import row_scale
 from distill.names import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS
@@ -99,9 +102,14 @@ class TokenDivergence(nn.Module):
         self.chunk_size = chunk_size
         self.max_importance_weight = max_importance_weight
 
+    def formula(self) -> Formula:
+        """The per-token definition ``formula(s, t) -> [n]`` on log-probability rows (``formulas.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define formula()")
+
     def terms(self) -> Terms:
-        """The closed-form value/gradient terms of this divergence (see ``distill.losses.functional``)."""
-        raise NotImplementedError(f"{type(self).__name__} must define terms()")
+        """Value and gradient terms (see ``distill.losses.functional``): by autograd on the formula,
+        unless a subclass gives a closed form."""
+        return autograd_terms(self.formula())
 
     def extra_repr(self) -> str:
         opts = [f"estimator={self.estimator!r}", f"temperature={self.temperature}"]

@@ -7,7 +7,9 @@ max_importance_weight) are documented on :class:`TokenDivergence`.
 
 from __future__ import annotations
 
+from distill.losses import formulas
 from distill.losses.base import TokenDivergence, check_option
+from distill.losses.formulas import Formula
 from distill.losses.functional import (
     Terms,
     forward_kl_terms,
@@ -36,6 +38,9 @@ class ForwardKL(TokenDivergence):
     estimators = EXACT_ESTIMATORS + SAMPLED_ESTIMATORS
     sampled_direction = "forward"
 
+    def formula(self) -> Formula:
+        return formulas.forward_kl
+
     def terms(self) -> Terms:
         return forward_kl_terms
 
@@ -60,6 +65,9 @@ class ReverseKL(TokenDivergence):
     name = "reverse_kl"
     estimators = EXACT_ESTIMATORS + SAMPLED_ESTIMATORS
     sampled_direction = "reverse"
+
+    def formula(self) -> Formula:
+        return formulas.reverse_kl
 
     def terms(self) -> Terms:
         return reverse_kl_terms
@@ -86,6 +94,9 @@ class GeneralizedJSD(TokenDivergence):
     def _params_repr(self) -> list[str]:
         return [f"beta={self.beta}"]
 
+    def formula(self) -> Formula:
+        return formulas.jsd(self.beta)
+
     def terms(self) -> Terms:
         return jsd_terms(self.beta)
 
@@ -108,6 +119,9 @@ class SkewKL(TokenDivergence):
 
     def _params_repr(self) -> list[str]:
         return [f"alpha={self.alpha}"]
+
+    def formula(self) -> Formula:
+        return formulas.skew_kl(self.alpha)
 
     def terms(self) -> Terms:
         return skew_kl_terms(self.alpha)
@@ -132,6 +146,9 @@ class SkewReverseKL(TokenDivergence):
     def _params_repr(self) -> list[str]:
         return [f"alpha={self.alpha}"]
 
+    def formula(self) -> Formula:
+        return formulas.skew_reverse_kl(self.alpha)
+
     def terms(self) -> Terms:
         return skew_reverse_kl_terms(self.alpha)
 
@@ -142,6 +159,9 @@ class TotalVariation(TokenDivergence):
     """
 
     name = "tvd"
+
+    def formula(self) -> Formula:
+        return formulas.tvd
 
     def terms(self) -> Terms:
         return tvd_terms
@@ -165,6 +185,9 @@ class InterpolatedKL(TokenDivergence):
 
     def _params_repr(self) -> list[str]:
         return [f"weight={self.weight}"]
+
+    def formula(self) -> Formula:
+        return formulas.interpolated_kl(self.weight)
 
     def terms(self) -> Terms:
         return interpolated_kl_terms(self.weight)
