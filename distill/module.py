@@ -32,7 +32,14 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.tasks.registry import get_task
-from distill.training import GuardCheckpointing, NonFiniteGuard, StepCost, StepResult, check_optimizer
+from distill.training import (
+    GuardCheckpointing,
+    LogitGradSink,
+    NonFiniteGuard,
+    StepCost,
+    StepResult,
+    check_optimizer,
+)
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
@@ -116,9 +123,9 @@ class DistillationModule(GuardCheckpointing, L.LightningModule):
         self.strict_loading = False  # checkpoints hold no teacher tensors
         self.student = None
         self.teacher = None
-        # Set by a measurement callback (GradientStats) to receive dL/dz of the student's logits:
-        # `sink.record(grad [b, T-1, V], completion_mask, teacher_token_mask, num_items)` per micro-batch.
-        self.logit_grad_sink = None
+        self.logit_grad_sink: LogitGradSink | None = (
+            None  # set by GradientStats: receives dL/dz of the logits
+        )
         self._register_state_dict_hook(drop_from_state_dict("teacher"))
 
     # --- models -----------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+from torch import Tensor
 
 from distill.errors import Diverged
 from distill.rollout import RolloutBatch
@@ -49,6 +51,15 @@ class StepResult:
         """What `training_step` returns: Lightning's manual optimisation takes a dict and hands it
         to `on_train_batch_end` as `outputs`; the result travels under `step`."""
         return {"loss": self.loss, "step": self}
+
+
+class LogitGradSink(Protocol):
+    """What a module's `logit_grad_sink` is (set by `GradientStats`): it receives the loss gradient
+    w.r.t. the student's logits `[b, T-1, V]` of each micro-batch, with the rollout's masks."""
+
+    def record(
+        self, grad: Tensor, completion_mask: Tensor, teacher_token_mask: Tensor, num_items
+    ) -> None: ...
 
 
 def step_result(outputs) -> StepResult | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import torch.nn.functional as F
 
+from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import log_scalars, next_token_logits, student_rollouts
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int, check_tasks
@@ -96,6 +97,9 @@ class Forgetting(L.Callback):
         self.last_step = -1
 
     # --- hooks ------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        require(pl_module, StudentHolder, "Forgetting")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)
 

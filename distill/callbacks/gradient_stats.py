@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from distill.callbacks.contract import LogitGradSource, require
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int
@@ -69,12 +70,10 @@ class GradientStats(L.Callback):
         return (grad.float() * scale).square().sum(-1)
 
     # --- hooks ------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        require(pl_module, LogitGradSource, "GradientStats")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not hasattr(pl_module, "logit_grad_sink"):
-            raise TypeError(
-                f"GradientStats needs a LightningModule with a `logit_grad_sink` attribute; "
-                f"{type(pl_module).__name__} has none"
-            )
         pl_module.logit_grad_sink = self
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

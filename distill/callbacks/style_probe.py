@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 
 import lightning as L
 
+from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import datamodule_option, log_scalars, student_rollouts
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_int, check_optional_int, check_tasks
@@ -106,6 +107,9 @@ class StyleProbe(L.Callback):
         self.start: float | None = None
         self.latest: float | None = None
         self.last_step = -1
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        require(pl_module, StudentHolder, "StyleProbe")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import lightning as L
 
+from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import datamodule_option, next_token_logits, student_rollouts
 from distill.callbacks.options import check_float, check_int, check_optional_int, check_tasks
 from distill.metrics.entropy import masked_sum_count, token_entropy
@@ -85,6 +86,9 @@ class TaskEvaluation(L.Callback):
         self.latest: dict[str, float] = {}
 
     # --- hooks ------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        require(pl_module, StudentHolder, "TaskEvaluation")
+
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return

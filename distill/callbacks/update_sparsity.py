@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from safetensors.torch import load_file, save
 
+from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_float, check_int
@@ -96,6 +97,9 @@ class UpdateSparsity(L.Callback):
         self.theta0 = {n: loaded[n].to("cpu" if self.offload_to_cpu else p.device) for n, p in params.items()}
 
     # --- hooks ------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        require(pl_module, StudentHolder, "UpdateSparsity")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.root = Path(trainer.default_root_dir)
         if self.theta0 is not None:

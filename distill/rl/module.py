@@ -55,7 +55,14 @@ from distill.rl.objective import (
 )
 from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
-from distill.training import GuardCheckpointing, NonFiniteGuard, StepCost, StepResult, check_optimizer
+from distill.training import (
+    GuardCheckpointing,
+    LogitGradSink,
+    NonFiniteGuard,
+    StepCost,
+    StepResult,
+    check_optimizer,
+)
 
 
 @dataclass
@@ -173,7 +180,9 @@ class GRPOModule(GuardCheckpointing, L.LightningModule):
         self.student = None
         self.reference = None
         self.teacher = None  # GRPO has no teacher; measurement callbacks must tolerate None
-        self.logit_grad_sink = None  # as in DistillationModule: receives dL/dz of the policy's logits
+        self.logit_grad_sink: LogitGradSink | None = (
+            None  # set by GradientStats: receives dL/dz of the logits
+        )
         self.temperature = 1.0  # the sampling temperature, read from the DataModule at fit start
         self._register_state_dict_hook(drop_from_state_dict("reference"))
 
