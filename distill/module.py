@@ -33,6 +33,7 @@ from distill.models.loading import (
 )
 from distill.tasks.registry import get_task
 from distill.training import (
+    EvalFigures,
     GuardCheckpointing,
     LogitGradSink,
     NonFiniteGuard,
@@ -61,7 +62,7 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-4)
 
 
-class DistillationModule(GuardCheckpointing, L.LightningModule):
+class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     """Distil `teacher` into `student` with `divergence` on the rollouts the DataModule samples.
 
     Args:
@@ -253,20 +254,13 @@ class DistillationModule(GuardCheckpointing, L.LightningModule):
     def _evaluate(self, batch: dict, prefix: str) -> None:
         rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
         texts = rollout.completions(self.tokenizer)
-        scores = [get_task(task).score(t, r) for t, r in zip(texts, rows)]
-        n = len(rows)
-        self.log(f"{prefix}/{task}/accuracy", sum(scores) / n, batch_size=n, add_dataloader_idx=False)
+        scores = torch.tensor([get_task(task).score(t, r) for t, r in zip(texts, rows)])
+        self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
         student, teacher = self.pair_logits(rollout.input_ids, rollout.attention_mask)
         stats = token_statistics(student, teacher)
         mask = rollout.completion_mask[:, 1:].float()
-        tokens = mask.sum().clamp(min=1)
         for key in ("forward_kl", "reverse_kl"):
-            self.log(
-                f"{prefix}/{task}/{key}",
-                (stats[key] * mask).sum() / tokens,
-                batch_size=n,
-                add_dataloader_idx=False,
-            )
+            self.eval_figure(f"{prefix}/{task}/{key}", (stats[key] * mask).sum(), mask.sum())
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate(batch, "val")

@@ -4,6 +4,8 @@
 `StepResult(...).output()` and a callback reads it back with `step_result(outputs)` in
 `on_train_batch_end`; its `StepCost` says what the batch cost beyond its rollout.
 
+`EvalFigures` accumulates the validation and test figures over the whole epoch, every rank included.
+
 `NonFiniteGuard` skips an optimiser step whose loss or gradient norm is not finite; after
 `patience` such steps in a row it stops the run (`distill.errors.Diverged`). A skipped step
 leaves the weights, the optimiser state and the LR schedule untouched (its gradients are
@@ -18,6 +20,7 @@ from typing import Protocol
 
 import torch
 from torch import Tensor
+from torchmetrics import Metric
 
 from distill.errors import Diverged
 from distill.rollout import RolloutBatch
@@ -130,3 +133,47 @@ class GuardCheckpointing:
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "nonfinite_guard" in checkpoint:
             self.guard.load_state_dict(checkpoint["nonfinite_guard"])
+
+
+class RatioOfSums(Metric):
+    """sum(numerator) / sum(denominator) over an epoch and every rank (0 when nothing was counted):
+    accuracy as correct / rows, a KL as summed token values / tokens. The sums are float64 so long
+    epochs of small terms stay exact."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("numerator", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("denominator", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, numerator: Tensor, denominator: Tensor) -> None:
+        self.numerator += numerator.detach().to(torch.float64)
+        self.denominator += denominator.detach().to(torch.float64)
+
+    def compute(self) -> Tensor:
+        return self.numerator / self.denominator.clamp(min=1)
+
+
+class EvalFigures:
+    """Mixin (before `L.LightningModule`): `eval_figure(name, numerator, denominator)` in a
+    validation or test step; at the epoch's end each figure is logged once as its ratio of sums
+    over all batches and ranks (torchmetrics syncs the sums), then reset. A KL is thus the mean over
+    every completion token of the epoch, not a mean of per-batch means."""
+
+    def eval_figure(self, name: str, numerator: Tensor, denominator: Tensor | float) -> None:
+        figures = self.__dict__.setdefault("_eval_figures", {})  # plain dict: not in state_dict
+        if name not in figures:
+            figures[name] = RatioOfSums().to(numerator.device)
+        figures[name].update(numerator, torch.as_tensor(denominator, device=numerator.device))
+
+    def _log_eval_figures(self) -> None:
+        for name, figure in sorted(self.__dict__.get("_eval_figures", {}).items()):
+            self.log(name, figure.compute().float(), add_dataloader_idx=False)
+            figure.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval_figures()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval_figures()

@@ -56,6 +56,7 @@ from distill.rl.objective import (
 from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
 from distill.training import (
+    EvalFigures,
     GuardCheckpointing,
     LogitGradSink,
     NonFiniteGuard,
@@ -86,7 +87,7 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-6)
 
 
-class GRPOModule(GuardCheckpointing, L.LightningModule):
+class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     """Group Relative Policy Optimisation of `student` on the verifier rewards of `data.task`.
 
     Args:
@@ -408,16 +409,15 @@ class GRPOModule(GuardCheckpointing, L.LightningModule):
     def _evaluate(self, batch: dict, prefix: str) -> None:
         rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
         scores, _ = self.rewards(batch)
-        n = len(rows)
-        self.log(f"{prefix}/{task}/accuracy", scores.mean(), batch_size=n, add_dataloader_idx=False)
+        self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
         if self.reference is None:
             return
         with torch.no_grad():
             policy = self._logits(self.student, rollout.input_ids, rollout.attention_mask)
             reference = self._logits(self.reference, rollout.input_ids, rollout.attention_mask)
         mask = rollout.completion_mask[:, 1:].float()
-        kl = (token_statistics(policy, reference)["reverse_kl"] * mask).sum() / mask.sum().clamp(min=1)
-        self.log(f"{prefix}/{task}/kl_to_start", kl, batch_size=n, add_dataloader_idx=False)
+        kl = (token_statistics(policy, reference)["reverse_kl"] * mask).sum()
+        self.eval_figure(f"{prefix}/{task}/kl_to_start", kl, mask.sum())
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate(batch, "val")

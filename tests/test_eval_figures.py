@@ -1,0 +1,53 @@
+"""Validation/test figures are ratios of sums over the whole epoch (torchmetrics), not means of
+per-batch means: checked through a real `Trainer.validate` with batches of unequal sizes."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from distill.training import EvalFigures, RatioOfSums
+
+# (correct rows, rows, summed token KL, tokens) per validation batch
+BATCHES = [(3.0, 4, 2.0, 10.0), (0.0, 1, 9.0, 2.0), (5.0, 8, 1.0, 30.0)]
+
+
+class _Scorer(EvalFigures, L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(torch.tensor(BATCHES), batch_size=1)
+
+    def validation_step(self, batch, batch_idx):
+        correct, rows, kl, tokens = batch[0]
+        self.eval_figure("val/task/accuracy", correct, rows)
+        self.eval_figure("val/task/forward_kl", kl, tokens)
+
+
+def _validate(module, tmp_path):
+    trainer = L.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path
+    )
+    return trainer.validate(module, verbose=False)[0]
+
+
+def test_figures_are_ratios_of_sums_over_the_epoch(tmp_path):
+    module = _Scorer()
+    first = _validate(module, tmp_path)
+    assert first["val/task/accuracy"] == pytest.approx(8 / 13)  # the mean of batch means is 0.458
+    assert first["val/task/forward_kl"] == pytest.approx(12 / 42)  # per token, not per batch
+    # reset after logging: a second epoch reports the same, not the sum of both
+    assert _validate(module, tmp_path) == pytest.approx(first)
+    assert not any("eval_figures" in k or "numerator" in k for k in module.state_dict())
+
+
+def test_ratio_of_sums_is_zero_when_nothing_was_counted():
+    metric = RatioOfSums()
+    with pytest.warns(UserWarning, match="called before the ``update``"):
+        assert float(metric.compute()) == 0.0
+    metric.update(torch.tensor(3.0), torch.tensor(4.0))
+    metric.update(torch.tensor(float("nan")), torch.tensor(1.0))  # a diverged figure stays visible
+    assert torch.isnan(metric.compute())
