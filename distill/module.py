@@ -21,6 +21,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from distill.checks import check_int, check_number
 from distill.losses import ForwardKL, TokenDivergence, step_token_count, token_statistics
 from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
@@ -100,14 +101,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
-        if micro_batch_size is not None and (not isinstance(micro_batch_size, int) or micro_batch_size < 1):
-            raise ValueError(
-                f"model.micro_batch_size must be None or an integer >= 1, got {micro_batch_size!r}"
-            )
-        if gradient_clip_val is not None and not gradient_clip_val > 0:
-            raise ValueError(f"model.gradient_clip_val must be None or > 0, got {gradient_clip_val!r}")
-        if not isinstance(log_text_every, int) or log_text_every < 0:
-            raise ValueError(f"model.log_text_every must be an integer >= 0, got {log_text_every!r}")
+        check_int("model.micro_batch_size", micro_batch_size, 1, optional=True)
+        check_number("model.gradient_clip_val", gradient_clip_val, 0, open_min=True, optional=True)
+        check_int("model.log_text_every", log_text_every, 0)
         self.guard = NonFiniteGuard(max_nonfinite_steps)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")

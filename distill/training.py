@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from distill.checks import check_int
 from distill.errors import Diverged
 from distill.rollout import RolloutBatch
 
@@ -88,8 +89,7 @@ def check_optimizer(optimizer, lr_scheduler=None, owner: str = "model") -> None:
 
 class NonFiniteGuard:
     def __init__(self, patience: int, owner: str = "model.max_nonfinite_steps"):
-        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
-            raise ValueError(f"{owner} must be an integer >= 1, got {patience!r}")
+        check_int(owner, patience, 1)
         self.patience = patience
         self.skipped = 0  # non-finite steps in the whole run
         self.in_a_row = 0

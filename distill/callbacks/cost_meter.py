@@ -9,7 +9,7 @@ import torch
 
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
-from distill.callbacks.options import check_int
+from distill.checks import check_int
 from distill.training import StepResult, step_result
 
 TOKEN_KEYS = (
@@ -78,7 +78,7 @@ class CostMeter(L.Callback):
     """
 
     def __init__(self, every_n_steps: int = 1):
-        self.every_n_steps = check_int("CostMeter", "every_n_steps", every_n_steps, 1)
+        self.every_n_steps = check_int("CostMeter.every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
         self.tokens = dict.fromkeys((*TOKEN_KEYS, *TRAIN_KEYS), 0)
         self.times = dict.fromkeys(PHASES, 0.0)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import log_scalars, next_token_logits, student_rollouts
 from distill.callbacks.interval import StepInterval
-from distill.callbacks.options import check_int, check_tasks
+from distill.callbacks.options import check_tasks
+from distill.checks import check_int
 from distill.rollout import RolloutSampler
 from distill.tasks.registry import get_task
 
@@ -78,12 +79,12 @@ class Forgetting(L.Callback):
     ):
         owner = "Forgetting"
         self.sets = check_tasks(owner, "sets", list(sets)) if list(sets) else []
-        self.num_examples = check_int(owner, "num_examples", num_examples, 1)
-        self.every_n_steps = check_int(owner, "every_n_steps", every_n_steps, 1)
+        self.num_examples = check_int(f"{owner}.num_examples", num_examples, 1)
+        self.every_n_steps = check_int(f"{owner}.every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
         self.nll_texts = load_nll_texts(nll_texts)
-        self.max_new_tokens = check_int(owner, "max_new_tokens", max_new_tokens, 1)
-        self.batch_size = check_int(owner, "batch_size", batch_size, 1)
+        self.max_new_tokens = check_int(f"{owner}.max_new_tokens", max_new_tokens, 1)
+        self.batch_size = check_int(f"{owner}.batch_size", batch_size, 1)
         clash = sorted(set(self.sets) & set(self.nll_texts))
         if clash:
             raise ValueError(

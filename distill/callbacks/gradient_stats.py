@@ -9,7 +9,7 @@ from torch import Tensor
 from distill.callbacks.contract import LogitGradSource, require
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
-from distill.callbacks.options import check_int
+from distill.checks import check_int
 from distill.training import step_result
 
 SPLITS = ("", "_teacher_tokens", "_student_tokens")
@@ -36,7 +36,7 @@ class GradientStats(L.Callback):
     """
 
     def __init__(self, every_n_steps: int = 1):
-        self.every_n_steps = check_int("GradientStats", "every_n_steps", every_n_steps, 1)
+        self.every_n_steps = check_int("GradientStats.every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
         self.active = False
         self._reset_step()

@@ -11,7 +11,8 @@ import lightning as L
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import datamodule_option, log_scalars, student_rollouts
 from distill.callbacks.interval import StepInterval
-from distill.callbacks.options import check_int, check_optional_int, check_tasks
+from distill.callbacks.options import check_tasks
+from distill.checks import check_int
 from distill.rollout import RolloutSampler
 from distill.tasks.countdown import STYLE_PATTERN
 from distill.tasks.registry import get_task
@@ -98,11 +99,11 @@ class StyleProbe(L.Callback):
                 f"{owner}.pattern must be a regex string or a callable (str) -> bool, got {pattern!r}"
             )
         self.task = check_tasks(owner, "task", [task])[0]
-        self.num_prompts = check_int(owner, "num_prompts", num_prompts, 1)
-        self.every_n_steps = check_int(owner, "every_n_steps", every_n_steps, 1)
+        self.num_prompts = check_int(f"{owner}.num_prompts", num_prompts, 1)
+        self.every_n_steps = check_int(f"{owner}.every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
-        self.max_new_tokens = check_optional_int(owner, "max_new_tokens", max_new_tokens, 1)
-        self.batch_size = check_int(owner, "batch_size", batch_size, 1)
+        self.max_new_tokens = check_int(f"{owner}.max_new_tokens", max_new_tokens, 1, optional=True)
+        self.batch_size = check_int(f"{owner}.batch_size", batch_size, 1)
         self.rows = get_task(self.task).rows(num_prompts, seed=ROWS_SEED)
         self.start: float | None = None
         self.latest: float | None = None

@@ -7,7 +7,8 @@ import lightning as L
 
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import datamodule_option, next_token_logits, student_rollouts
-from distill.callbacks.options import check_float, check_int, check_optional_int, check_tasks
+from distill.callbacks.options import check_tasks
+from distill.checks import check, check_int, check_number, is_int
 from distill.metrics.entropy import masked_sum_count, token_entropy
 from distill.metrics.sampled_coverage import coverage_metrics
 from distill.rollout import RolloutSampler
@@ -62,26 +63,19 @@ class TaskEvaluation(L.Callback):
     ):
         owner = "TaskEvaluation"
         self.tasks = check_tasks(owner, "tasks", tasks)
-        self.num_problems = check_int(owner, "num_problems", num_problems, 1)
-        self.num_samples = check_int(owner, "num_samples", num_samples, 1)
-        ks = tuple(ks)
-        if not ks or any(
-            isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= num_samples for k in ks
-        ):
-            raise ValueError(
-                f"{owner}.ks must be a non-empty list of integers in [1, num_samples={num_samples}], got {list(ks)}"
-            )
+        self.num_problems = check_int(f"{owner}.num_problems", num_problems, 1)
+        self.num_samples = check_int(f"{owner}.num_samples", num_samples, 1)
+        ks = list(ks)
+        ok = bool(ks) and all(is_int(k) and 1 <= k <= num_samples for k in ks)
+        check(ok, f"{owner}.ks", ks, f"a non-empty list of integers in [1, num_samples={num_samples}]")
         self.ks = tuple(sorted(set(ks)))
-        self.temperature = check_float(owner, "temperature", temperature)
-        if self.temperature == 0:
-            raise ValueError(
-                f"{owner}.temperature must be > 0 (coverage needs sampling), got {temperature!r}"
-            )
-        self.max_new_tokens = check_optional_int(owner, "max_new_tokens", max_new_tokens, 1)
-        self.every_n_validations = check_int(owner, "every_n_validations", every_n_validations, 1)
+        # > 0: coverage needs sampling
+        self.temperature = check_number(f"{owner}.temperature", temperature, 0, open_min=True)
+        self.max_new_tokens = check_int(f"{owner}.max_new_tokens", max_new_tokens, 1, optional=True)
+        self.every_n_validations = check_int(f"{owner}.every_n_validations", every_n_validations, 1)
         self.on_test = bool(on_test)
-        self.batch_size = check_optional_int(owner, "batch_size", batch_size, 1)
-        self.seed = check_int(owner, "seed", seed, 0)
+        self.batch_size = check_int(f"{owner}.batch_size", batch_size, 1, optional=True)
+        self.seed = check_int(f"{owner}.seed", seed, 0)
         self.validations = 0
         self.latest: dict[str, float] = {}
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
-from distill.callbacks.options import check_float, check_int
+from distill.checks import check_int, check_number
 from distill.metrics import update_sparsity
 from distill.runinfo import write_atomic
 
@@ -53,9 +53,9 @@ class UpdateSparsity(L.Callback):
         offload_to_cpu: bool = False,
         snapshot_path: str | None = None,
     ):
-        self.every_n_steps = check_int("UpdateSparsity", "every_n_steps", every_n_steps, 1)
+        self.every_n_steps = check_int("UpdateSparsity.every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
-        self.atol = check_float("UpdateSparsity", "atol", atol)
+        self.atol = check_number("UpdateSparsity.atol", atol, 0)
         self.offload_to_cpu = bool(offload_to_cpu)
         self.snapshot_path = None if snapshot_path is None else str(snapshot_path)
         self.theta0: dict[str, torch.Tensor] | None = None

@@ -21,6 +21,7 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
 
+from distill.checks import check_int
 from distill.models.loading import load_tokenizer
 from distill.rollout import RolloutBatch, RolloutSampler
 from distill.seeds import path_seed
@@ -154,12 +155,9 @@ class RolloutDataModule(L.LightningDataModule):
             "train_size",
             "eval_max_new_tokens",
         ):
-            value = getattr(self.hparams, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"data.{name} must be an integer >= 1, got {value!r}")
+            check_int(f"data.{name}", getattr(self.hparams, name), 1)
         for name in ("val_size", "test_size"):
-            if not isinstance(getattr(self.hparams, name), int) or getattr(self.hparams, name) < 0:
-                raise ValueError(f"data.{name} must be an integer >= 0, got {getattr(self.hparams, name)!r}")
+            check_int(f"data.{name}", getattr(self.hparams, name), 0)
         self.task = get_task(task)
         self.val_tasks = [get_task(t) for t in (val_tasks if val_tasks is not None else [task])]
         self.test_tasks = [

@@ -14,16 +14,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from distill.checks import check, check_int, check_number
 from distill.losses.chunked import ChunkedDivergence, ChunkPlan, RowKernel, compute_dtype, resolve_chunk_size
 from distill.losses.formulas import Formula, autograd_terms
 from distill.losses.functional import Terms, exact_rows, sampled_rows, topk_rows
 from distill.losses.reduction import row_scale
 from distill.names import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS
-
-
-def check_option(ok: bool, field: str, value, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{field}={value!r} is not allowed; {field} must be {allowed}")
 
 
 class TokenDivergence(nn.Module):
@@ -72,29 +68,14 @@ class TokenDivergence(nn.Module):
         """
         super().__init__()
         cls = type(self).__name__
-        check_option(temperature > 0, "temperature", temperature, "> 0")
-        check_option(
+        check_number("temperature", temperature, 0, open_min=True)
+        check(
             estimator in self.estimators, "estimator", estimator, f"one of {list(self.estimators)} for {cls}"
         )
-        check_option(isinstance(top_k, int) and top_k >= 1, "top_k", top_k, "an integer >= 1")
-        check_option(
-            vocab_size is None or (isinstance(vocab_size, int) and vocab_size >= 1),
-            "vocab_size",
-            vocab_size,
-            "None or an integer >= 1",
-        )
-        check_option(
-            chunk_size is None or (isinstance(chunk_size, int) and chunk_size >= 1),
-            "chunk_size",
-            chunk_size,
-            "None or an integer >= 1",
-        )
-        check_option(
-            max_importance_weight is None or max_importance_weight > 0,
-            "max_importance_weight",
-            max_importance_weight,
-            "None or > 0",
-        )
+        check_int("top_k", top_k, 1)
+        check_int("vocab_size", vocab_size, 1, optional=True)
+        check_int("chunk_size", chunk_size, 1, optional=True)
+        check_number("max_importance_weight", max_importance_weight, 0, open_min=True, optional=True)
         self.temperature = float(temperature)
         self.estimator = estimator
         self.top_k = top_k

@@ -7,8 +7,9 @@ max_importance_weight) are documented on :class:`TokenDivergence`.
 
 from __future__ import annotations
 
+from distill.checks import check_number
 from distill.losses import formulas
-from distill.losses.base import TokenDivergence, check_option
+from distill.losses.base import TokenDivergence
 from distill.losses.formulas import Formula
 from distill.losses.functional import (
     Terms,
@@ -87,7 +88,7 @@ class GeneralizedJSD(TokenDivergence):
         Args:
             beta: teacher weight of the mixture, in [0, 1]; 0 = forward KL, 1 = reverse KL.
         """
-        check_option(0.0 <= beta <= 1.0, "beta", beta, "in [0, 1]")
+        check_number("beta", beta, 0, 1)
         super().__init__(**kwargs)
         self.beta = float(beta)
 
@@ -113,7 +114,7 @@ class SkewKL(TokenDivergence):
         Args:
             alpha: teacher weight of the mixture in the second argument, in [0, 1).
         """
-        check_option(0.0 <= alpha < 1.0, "alpha", alpha, "in [0, 1)")
+        check_number("alpha", alpha, 0, 1, open_max=True)
         super().__init__(**kwargs)
         self.alpha = float(alpha)
 
@@ -139,7 +140,7 @@ class SkewReverseKL(TokenDivergence):
         Args:
             alpha: student weight of the mixture in the second argument, in [0, 1).
         """
-        check_option(0.0 <= alpha < 1.0, "alpha", alpha, "in [0, 1)")
+        check_number("alpha", alpha, 0, 1, open_max=True)
         super().__init__(**kwargs)
         self.alpha = float(alpha)
 
@@ -179,7 +180,7 @@ class InterpolatedKL(TokenDivergence):
         Args:
             weight: share of the forward KL, in [0, 1].
         """
-        check_option(0.0 <= weight <= 1.0, "weight", weight, "in [0, 1]")
+        check_number("weight", weight, 0, 1)
         super().__init__(**kwargs)
         self.weight = float(weight)
 

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-
-def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"pass_at_k: {name} must be an int, got {value!r}")
-    return value
+from distill.checks import check_int
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -18,11 +14,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Computed as the product 1 - prod_{i=n-c+1}^{n} (1 - k/i), which stays accurate where the
     binomials overflow a float. Requires 0 <= c <= n and 1 <= k <= n; 1.0 when n - c < k.
     """
-    n, c, k = _check_count("n", n), _check_count("c", c), _check_count("k", k)
-    if not 0 <= c <= n:
-        raise ValueError(f"pass_at_k: c must satisfy 0 <= c <= n (n={n}), got c={c}")
-    if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: k must satisfy 1 <= k <= n (n={n}), got k={k}")
+    check_int("pass_at_k: n", n, 0)
+    check_int(f"pass_at_k: c (of n={n})", c, 0, n)
+    check_int(f"pass_at_k: k (of n={n})", k, 1, n)
     if n - c < k:
         return 1.0
     miss = 1.0  # probability that k samples drawn without replacement are all wrong

@@ -18,6 +18,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from distill.checks import check_int, check_number
+
 CHUNK_NUMEL = 1 << 24  # 16M entries: 64 MB per float32 slice
 
 MODULE_TYPES = ("attention", "mlp", "embedding", "norm", "other")
@@ -64,12 +66,6 @@ class UpdateCounts(NamedTuple):
         return UpdateCounts(*(a + b for a, b in zip(self, other)))
 
 
-def _check_atol(atol: float) -> None:
-    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not (0 <= atol < math.inf):
-        raise ValueError(f"atol must be a finite number >= 0, got {atol!r}")
-
-
-@torch.no_grad()
 def tensor_update_counts(
     before: Tensor,
     after: Tensor,
@@ -85,9 +81,8 @@ def tensor_update_counts(
     slice is moved to `after`'s device. Squared sums are float32 within a slice and accumulated
     across slices in Python floats (double).
     """
-    _check_atol(atol)
-    if isinstance(chunk_numel, bool) or not isinstance(chunk_numel, int) or chunk_numel < 1:
-        raise ValueError(f"chunk_numel must be an integer >= 1, got {chunk_numel!r}")
+    check_number("atol", atol, 0)
+    check_int("chunk_numel", chunk_numel, 1)
     if before.shape != after.shape:
         raise ValueError(f"{name!r} has shape {tuple(before.shape)} before and {tuple(after.shape)} after")
     if not (before.is_floating_point() and after.is_floating_point()):
@@ -145,7 +140,7 @@ def update_sparsity(
     lists it once. `relative_update_norm` is inf when θ0 is all
     zeros but something changed (0.0 when nothing did).
     """
-    _check_atol(atol)
+    check_number("atol", atol, 0)
     missing_after = sorted(set(before) - set(after))
     missing_before = sorted(set(after) - set(before))
     if missing_after or missing_before:

@@ -36,6 +36,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from distill.checks import check_choice, check_int, check_number
 from distill.losses import step_token_count, token_statistics
 from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
@@ -143,23 +144,15 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        for field, ok, allowed in (
-            ("num_iterations", isinstance(num_iterations, int) and num_iterations >= 1, "an integer >= 1"),
-            ("clip_epsilon", 0 < clip_epsilon < 1, "in (0, 1)"),
-            ("clip_epsilon_high", clip_epsilon_high is None or clip_epsilon_high > 0, "None or > 0"),
-            ("kl_coef", kl_coef >= 0 and math.isfinite(kl_coef), "a finite number >= 0"),
-            ("kl_estimator", kl_estimator in KL_ESTIMATORS, f"one of {list(KL_ESTIMATORS)}"),
-            ("advantage_epsilon", advantage_epsilon >= 0, ">= 0"),
-            (
-                "micro_batch_size",
-                micro_batch_size is None or (isinstance(micro_batch_size, int) and micro_batch_size >= 1),
-                "None or an integer >= 1",
-            ),
-            ("gradient_clip_val", gradient_clip_val is None or gradient_clip_val > 0, "None or > 0"),
-            ("log_text_every", isinstance(log_text_every, int) and log_text_every >= 0, "an integer >= 0"),
-        ):
-            if not ok:
-                raise ValueError(f"model.{field} must be {allowed}, got {locals()[field]!r}")
+        check_int("model.num_iterations", num_iterations, 1)
+        check_number("model.clip_epsilon", clip_epsilon, 0, 1, open_min=True, open_max=True)
+        check_number("model.clip_epsilon_high", clip_epsilon_high, 0, open_min=True, optional=True)
+        check_number("model.kl_coef", kl_coef, 0)
+        check_choice("model.kl_estimator", kl_estimator, KL_ESTIMATORS)
+        check_number("model.advantage_epsilon", advantage_epsilon, 0)
+        check_int("model.micro_batch_size", micro_batch_size, 1, optional=True)
+        check_number("model.gradient_clip_val", gradient_clip_val, 0, open_min=True, optional=True)
+        check_int("model.log_text_every", log_text_every, 0)
         self.guard = NonFiniteGuard(max_nonfinite_steps)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")

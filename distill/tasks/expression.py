@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from distill.checks import check_int
+
 MAX_CHARS = 1000
 MAX_DEPTH = 64
 MAX_LITERAL_DIGITS = 9
@@ -49,11 +51,6 @@ class Parsed:
 
     value: Fraction | None
     literals: tuple[int, ...]
-
-
-def _check_limit(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _apply(op: str, left: Fraction | None, right: Fraction | None) -> Fraction | None:
@@ -93,9 +90,9 @@ def parse(
         max_depth: most levels of nested parentheses accepted (`((1))` has depth 2).
         max_literal_digits: most digits in one integer literal, leading zeros included.
     """
-    _check_limit("max_chars", max_chars, 1)
-    _check_limit("max_depth", max_depth, 0)
-    _check_limit("max_literal_digits", max_literal_digits, 1)
+    check_int("max_chars", max_chars, 1)
+    check_int("max_depth", max_depth, 0)
+    check_int("max_literal_digits", max_literal_digits, 1)
     if not isinstance(text, str) or len(text) > max_chars:
         return None
 
@@ -175,7 +172,7 @@ def last_answer(text: str, *, max_chars: int | None = MAX_CHARS) -> str | None:
     longer than `max_chars` gives None (it could not be judged anyway; None: no limit).
     """
     if max_chars is not None:
-        _check_limit("max_chars", max_chars, 0)
+        check_int("max_chars", max_chars, 0)
     if not isinstance(text, str):
         return None
     last_close = text.rfind(CLOSE_TAG)

@@ -105,7 +105,7 @@ def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"sets": ["nope"]}, r"Forgetting.sets has unknown task\(s\) \['nope'\]"),
+        ({"sets": ["nope"]}, r"Forgetting.sets must be task names from .* \(unknown: \['nope'\]\)"),
         ({"sets": [], "nll_texts": None}, "sets and nll_texts are both empty"),
         (
             {"nll_texts": {"x": "/no/such/file.txt"}},

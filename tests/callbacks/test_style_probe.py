@@ -62,7 +62,7 @@ def test_share_is_logged_at_start_and_intervals(monkeypatch, fake_trainer, fake_
         ({"pattern": "(unclosed"}, r"StyleProbe.pattern '\(unclosed' is not a valid regular expression"),
         ({"detector": "no_dots"}, "StyleProbe.detector must be a dotted import path"),
         ({"detector": "os.path.no_such_function"}, "cannot be imported"),
-        ({"task": "nope"}, r"StyleProbe.task has unknown task\(s\) \['nope'\]"),
+        ({"task": "nope"}, r"StyleProbe.task must be task names from .* \(unknown: \['nope'\]\)"),
         ({"num_prompts": 0}, "StyleProbe.num_prompts must be an integer >= 1, got 0"),
         ({"pattern": 3}, "StyleProbe.pattern must be a regex string or a callable"),
     ],

@@ -56,8 +56,8 @@ def test_token_entropy_matches_definition():
     ("kwargs", "message"),
     [
         ({"num_samples": 4}, r"ks must be a non-empty list of integers in \[1, num_samples=4\]"),
-        ({"temperature": 0.0}, "temperature must be > 0"),
-        ({"tasks": ["nope"]}, r"tasks has unknown task\(s\) \['nope'\]"),
+        ({"temperature": 0.0}, "TaskEvaluation.temperature must be a finite number > 0, got 0.0"),
+        ({"tasks": ["nope"]}, r"tasks must be task names from .* \(unknown: \['nope'\]\)"),
         ({"every_n_validations": 0}, "every_n_validations must be an integer >= 1, got 0"),
     ],
 )

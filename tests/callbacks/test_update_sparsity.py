@@ -96,7 +96,7 @@ def test_frozen_parameters_are_not_compared(tiny_student):
     ("kwargs", "message"),
     [
         ({"every_n_steps": 0}, "UpdateSparsity.every_n_steps must be an integer >= 1, got 0"),
-        ({"atol": -1.0}, "UpdateSparsity.atol must be a finite number >= 0.0, got -1.0"),
+        ({"atol": -1.0}, "UpdateSparsity.atol must be a finite number >= 0, got -1.0"),
     ],
 )
 def test_options_are_validated(kwargs, message):

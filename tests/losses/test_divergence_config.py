@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -59,14 +61,14 @@ def test_unknown_name_lists_allowed():
 )
 def test_out_of_range_options_name_field_value_and_allowed(name, kwargs, field):
     value = next(iter(kwargs.values()))
-    with pytest.raises(ValueError, match=rf"{field}={value!r}.*must be"):
+    with pytest.raises(ValueError, match=rf"^{field} must be .*, got {re.escape(repr(value))}$"):
         build_divergence(name, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["jsd", "skew_kl", "skew_reverse_kl", "tvd", "interpolated_kl"])
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_sampled_estimators_only_for_pure_kl(name, estimator):
-    with pytest.raises(ValueError, match=rf"estimator='{estimator}'.*\['exact', 'topk'\]"):
+    with pytest.raises(ValueError, match=rf"estimator must be one of \['exact', 'topk'\] .*, got '{estimator}'"):
         build_divergence(name, estimator=estimator)
 
 

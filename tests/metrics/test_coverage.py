@@ -49,12 +49,12 @@ def test_edge_cases():
 @pytest.mark.parametrize(
     "n, c, k, error, message",
     [
-        (5, 6, 1, ValueError, r"c must satisfy 0 <= c <= n \(n=5\), got c=6"),
-        (5, -1, 1, ValueError, r"got c=-1"),
-        (5, 2, 0, ValueError, r"k must satisfy 1 <= k <= n \(n=5\), got k=0"),
-        (5, 2, 6, ValueError, r"got k=6"),
-        (5.0, 2, 1, TypeError, r"n must be an int, got 5.0"),
-        (5, True, 1, TypeError, r"c must be an int, got True"),
+        (5, 6, 1, ValueError, r"^pass_at_k: c \(of n=5\) must be an integer in \[0, 5\], got 6$"),
+        (5, -1, 1, ValueError, r"c \(of n=5\) must be an integer in \[0, 5\], got -1$"),
+        (5, 2, 0, ValueError, r"^pass_at_k: k \(of n=5\) must be an integer in \[1, 5\], got 0$"),
+        (5, 2, 6, ValueError, r"k \(of n=5\) must be .*, got 6$"),
+        (5.0, 2, 1, ValueError, r"^pass_at_k: n must be an integer >= 0, got 5.0$"),
+        (5, True, 1, ValueError, r"c \(of n=5\) must be an integer in \[0, 5\], got True$"),
     ],
 )
 def test_invalid_arguments(n, c, k, error, message):

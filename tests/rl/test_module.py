@@ -19,8 +19,8 @@ def _module(policy_dir, **options) -> GRPOModule:
     ("options", "match"),
     [
         ({"num_iterations": 0}, "model.num_iterations must be an integer >= 1, got 0"),
-        ({"clip_epsilon": 1.0}, r"model.clip_epsilon must be in \(0, 1\), got 1.0"),
-        ({"clip_epsilon_high": 0.0}, "model.clip_epsilon_high must be None or > 0"),
+        ({"clip_epsilon": 1.0}, r"model.clip_epsilon must be a finite number in \(0, 1\), got 1.0"),
+        ({"clip_epsilon_high": 0.0}, "model.clip_epsilon_high must be None or a finite number > 0, got 0.0"),
         ({"kl_coef": -0.1}, "model.kl_coef must be a finite number >= 0"),
         ({"kl_estimator": "exact"}, r"model.kl_estimator must be one of \['k1', 'k2', 'k3'\], got 'exact'"),
         ({"micro_batch_size": 0}, "model.micro_batch_size must be None or an integer >= 1"),
