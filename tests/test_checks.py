@@ -22,7 +22,10 @@ from distill.checks import check_choice, check_int, check_number
         (lambda: check_number("t", "1", 0), "t must be a finite number >= 0, got '1'"),
         (lambda: check_number("b", 1.0, 0, 1, open_max=True), "b must be a finite number in [0, 1), got 1.0"),
         (lambda: check_number("b", -1, maximum=0.5, open_max=True), None),
-        (lambda: check_choice("g", "tok", ("batch", "token")), "g must be one of ['batch', 'token'], got 'tok'"),
+        (
+            lambda: check_choice("g", "tok", ("batch", "token")),
+            "g must be one of ['batch', 'token'], got 'tok'",
+        ),
     ],
 )
 def test_messages_name_field_allowed_and_value(call, message):

@@ -68,7 +68,9 @@ def test_out_of_range_options_name_field_value_and_allowed(name, kwargs, field):
 @pytest.mark.parametrize("name", ["jsd", "skew_kl", "skew_reverse_kl", "tvd", "interpolated_kl"])
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_sampled_estimators_only_for_pure_kl(name, estimator):
-    with pytest.raises(ValueError, match=rf"estimator must be one of \['exact', 'topk'\] .*, got '{estimator}'"):
+    with pytest.raises(
+        ValueError, match=rf"estimator must be one of \['exact', 'topk'\] .*, got '{estimator}'"
+    ):
         build_divergence(name, estimator=estimator)
 
 
