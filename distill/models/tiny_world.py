@@ -22,164 +22,49 @@ char tokenizer, and loadable offline with the `Auto*` classes. Embeddings are pa
 tokenizer (128 and 112 rows for 104 tokens), as real checkpoints' are. The build prints its
 progress (and writes it to `build.log`), measures every model (`quality.json`), and fails if a
 validity bar of the recipe is missed.
+
+The recipes live in `tiny_world_recipes.py`, the training of one model in `tiny_world_train.py`;
+this module measures, builds, installs and verifies.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 from transformers import LlamaForCausalLM
 
 from distill.models.evaluation import countdown_eval, judge_nll, prior_accuracy
-from distill.models.tiny import char_tokenizer, llama_config
+from distill.models.tiny import char_tokenizer
+from distill.models.tiny_world_recipes import QUICK, V1, V2, VERSIONS, Bar, ModelRecipe, Recipe
+from distill.models.tiny_world_train import Log, duration, train_model
 from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior
 
+__all__ = [
+    "QUICK",
+    "V1",
+    "V2",
+    "VERSIONS",
+    "Bar",
+    "ModelRecipe",
+    "Recipe",
+    "build",
+    "default_dir",
+    "main",
+    "verify",
+]
+
 # Committed full builds (package data), installed by `distill tiny-world` without retraining.
 ASSETS_ROOT = Path(__file__).parent / "assets"
-TASKS = ("countdown3", "countdown4", "addition", "reversal")
-
-
-@dataclass(frozen=True)
-class ModelRecipe:
-    """One model of the world: its shape, its training mixture and its optimisation.
-
-    `mixture` is (task, sampling weight) pairs over `TASKS`; every row of every batch is drawn from
-    it, so each optimiser step updates every task. `init_from` names an earlier model of the same
-    world to fine-tune (`layers`, `hidden`, `heads` and `vocab_rows` must then match it)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    vocab_rows: int
-    steps: int
-    lr: float
-    batch_size: int = 64
-    mixture: tuple[tuple[str, float], ...] = (("countdown3", 1.0),)
-    style: str = "plain"
-    init_from: str | None = None
-
-    def __post_init__(self):
-        for task, weight in self.mixture:
-            if task not in TASKS:
-                raise ValueError(f"mixture task must be one of {list(TASKS)}, got {task!r}")
-            if weight < 0:
-                raise ValueError(f"mixture weight of {task!r} must be >= 0, got {weight}")
-        if self.style not in countdown.STYLES:
-            raise ValueError(f"style must be one of {list(countdown.STYLES)}, got {self.style!r}")
-
-
-@dataclass(frozen=True)
-class Bar:
-    """A validity bar on one `quality.json` figure: `low <= value <= high` (None: unbounded)."""
-
-    key: str
-    low: float | None = None
-    high: float | None = None
-
-    def holds(self, value: float) -> bool:
-        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-
-    def __str__(self) -> str:
-        if self.low is not None and self.high is not None:
-            return f"{self.low} <= {self.key} <= {self.high}"
-        return f"{self.key} >= {self.low}" if self.low is not None else f"{self.key} <= {self.high}"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A whole world: its models, built in order, and how they are measured."""
-
-    models: tuple[tuple[str, ModelRecipe], ...]
-    eval_problems: int = 500  # greedy, fresh problems, for every accuracy figure
-    nll_prompts: int = 200  # T=1 completions scored by the other model (judge_nll)
-    seed: int = 0
-    threads: int = 2  # fixed, so that the float reduction order (and the weights) are reproducible
-    bars: tuple[Bar, ...] = ()
-
-    def model(self, name: str) -> ModelRecipe:
-        return dict(self.models)[name]
-
-
-# v2, sized by measurement on 2 CPU cores (experiments/LOG.md, 2026-11-30). One corpus: the task
-# streams are seeded by chunk, so models trained with the same seed read the same examples.
-_TEACHER_MIX = (("countdown3", 0.52), ("countdown4", 0.30), ("addition", 0.10), ("reversal", 0.08))
-# The student reads the same corpus, Countdown-3 and -4 included, but is smaller and sees a seventh
-# of the teacher's Countdown-3 rows: a model still on the steep part of its Countdown curve, so
-# that a few hundred distillation steps can move it. (v1's student, 2,500 steps with 5 % Countdown-3,
-# gained 5 points in 600 steps even of supervised training on correct solutions: LOG, 2026-11-30.)
-_STUDENT_MIX = (("countdown3", 0.14), ("countdown4", 0.04), ("addition", 0.48), ("reversal", 0.34))
-_V1_STUDENT_MIX = (("countdown3", 0.05), ("addition", 0.5), ("reversal", 0.45))
-V2 = Recipe(
-    models=(
-        ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=7000, lr=2e-3, batch_size=32, mixture=_TEACHER_MIX)),
-        ("student", ModelRecipe(layers=2, hidden=128, heads=4, vocab_rows=112, steps=1800, lr=3e-3, mixture=_STUDENT_MIX)),
-        # The teacher's rows rewritten in the Spanish style, fine-tuned from the teacher (400 steps
-        # cost it 11 points of Countdown-3; 1,000 recover all but about 2: LOG, 2026-11-30).
-        (
-            "teacher-es",
-            ModelRecipe(
-                layers=3, hidden=192, heads=4, vocab_rows=128, steps=1000, lr=5e-4, batch_size=32,
-                mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
-            ),
-        ),
-    ),
-    bars=(
-        Bar("teacher_countdown3", 0.70),
-        Bar("teacher_countdown4", 0.25),
-        Bar("teacher_prior", 0.90),
-        Bar("student_countdown3", 0.10, 0.30),
-        Bar("student_prior", 0.90),
-        Bar("teacher_nll_on_student_format", high=1.0),
-        Bar("teacher_es_style_share", 0.95),
-        Bar("teacher_es_countdown3_gap", high=0.05),
-    ),
-)  # fmt: skip
-
-# v1, the first build (issue 2): a teacher that only ever wrote the Spanish style.
-V1 = Recipe(
-    models=(
-        ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=3000, lr=2e-3, batch_size=32, style="teacher")),
-        ("student", ModelRecipe(layers=2, hidden=128, heads=4, vocab_rows=112, steps=2500, lr=3e-3, mixture=_V1_STUDENT_MIX)),
-    ),
-)  # fmt: skip
-
-QUICK = Recipe(
-    models=(
-        ("teacher", ModelRecipe(layers=2, hidden=64, heads=2, vocab_rows=128, steps=30, lr=3e-3, batch_size=32, mixture=_TEACHER_MIX)),
-        (
-            "student",
-            ModelRecipe(
-                layers=1, hidden=32, heads=2, vocab_rows=112, steps=30, lr=3e-3, batch_size=32,
-                mixture=(("countdown3", 0.2), ("addition", 0.4), ("reversal", 0.4)),
-            ),
-        ),
-        (
-            "teacher-es",
-            ModelRecipe(
-                layers=2, hidden=64, heads=2, vocab_rows=128, steps=10, lr=3e-3, batch_size=32,
-                mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
-            ),
-        ),
-    ),
-    eval_problems=50,
-    nll_prompts=20,
-)  # fmt: skip
-
-VERSIONS = {"v2": V2, "v1": V1}
 
 
 def default_dir(version: str = "v2") -> Path:
@@ -196,216 +81,6 @@ def assets_dir(version: str = "v2") -> Path:
 def committed_build(recipe: Recipe) -> Path | None:
     """The committed build of a full recipe (None for others, e.g. `QUICK`)."""
     return next((assets_dir(v) for v, r in VERSIONS.items() if r == recipe), None)
-
-
-# --- data ----------------------------------------------------------------------------------------
-
-
-def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
-    """`n` (prompt, completion-without-style) examples of `task`, deterministic in `seed`; Countdown
-    rows keep their problem so that the style is applied by the caller."""
-    if task in prior.TASKS:
-        return [(prior.prompt(e.task, e.query), e.completion) for e in prior.generate(task, n, seed=seed)]
-    return countdown.generate(n, seed=seed, difficulty_name=task)
-
-
-def _example(task: str, item, style: str) -> tuple[str, str]:
-    if task in prior.TASKS:
-        return item
-    return countdown.prompt(*item), countdown.solution(*item, style=style)
-
-
-def _chunk_seed(seed: int, chunk: int) -> int:
-    # Training seeds start at 10**6, so they never coincide with evaluation seeds.
-    return 10**6 + seed * 10**4 + chunk
-
-
-class MixtureStream(IterableDataset):
-    """An endless, seeded stream of (prompt, completion) rows, each drawn from the mixture: per
-    chunk of 256, row i of the drawn task's chunk (v1's stream, unchanged)."""
-
-    def __init__(self, recipe: ModelRecipe, seed: int):
-        self.recipe, self.seed = recipe, seed
-
-    def __iter__(self):
-        r = self.recipe
-        rng = random.Random(f"tiny-world/{self.seed}")
-        tasks = [t for t, _ in r.mixture]
-        weights = [w for _, w in r.mixture]
-        chunk = 0
-        while True:
-            pools = [_chunk(t, 256, _chunk_seed(self.seed, chunk)) for t in tasks]
-            chunk += 1
-            for i in range(256):
-                k = rng.choices(range(len(tasks)), weights)[0]
-                yield _example(tasks[k], pools[k][i], r.style)
-
-
-class Collator:
-    """Tokenise prompt + completion + EOS, right-padded; loss only on completion tokens."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-
-    def __call__(self, pairs):
-        rows, labels = [], []
-        for prompt_text, completion in pairs:
-            p = self.tok(prompt_text)["input_ids"]
-            c = self.tok(completion, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-            rows.append(p + c)
-            labels.append([-100] * len(p) + c)
-        width = max(map(len, rows))
-        pad = self.tok.pad_token_id
-        return {
-            "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
-            "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
-            "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
-        }
-
-
-def _loader(recipe: ModelRecipe, tokenizer, seed: int) -> DataLoader:
-    return DataLoader(
-        MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer)
-    )
-
-
-# --- training ------------------------------------------------------------------------------------
-
-
-class Log:
-    """Build messages to the terminal and to `build.log`: one line each, readable in a file."""
-
-    def __init__(self, path: Path | None = None):
-        self.path = path  # appended to: every build into a folder leaves its lines
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-
-    def __call__(self, message: str) -> None:
-        line = f"[tiny-world {time.strftime('%H:%M:%S')}] {message}"
-        print(line, flush=True)
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(line + "\n")
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-class BuildProgress(L.Callback):
-    """Every 5 % of a model's steps: step of total, mean loss since the last line, elapsed, ETA."""
-
-    def __init__(self, name: str, total: int, log: Log, lines: int = 20):
-        self.name, self.total, self.say = name, total, log
-        self.every = max(1, -(-total // lines))
-        self.losses: list[float] = []
-        self.start = 0.0
-
-    def on_train_start(self, trainer, pl_module):
-        self.start = time.time()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.losses.append(float(outputs["loss"]))
-        step = trainer.global_step
-        if step % self.every and step != self.total:
-            return
-        elapsed = time.time() - self.start
-        eta = elapsed / step * (self.total - step)
-        loss = sum(self.losses) / len(self.losses)
-        self.losses.clear()
-        self.say(
-            f"{self.name}: step {step}/{self.total}  loss {loss:.4f}  "
-            f"elapsed {_duration(elapsed)}  ETA {_duration(eta)}"
-        )
-
-
-class LMTrainer(L.LightningModule):
-    """Supervised next-token training of one causal LM, warmup then cosine decay."""
-
-    def __init__(self, model, lr: float, steps: int):
-        super().__init__()
-        self.model, self.lr, self.steps = model, lr, steps
-
-    def training_step(self, batch, _):
-        return self.model(**batch).loss
-
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.01, betas=(0.9, 0.98))
-        warmup = max(1, self.steps // 20)
-
-        def schedule(step):
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = (step - warmup) / max(1, self.steps - warmup)
-            return 0.05 + 0.95 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * progress)).item())
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        return [opt], [{"scheduler": sched, "interval": "step"}]
-
-
-def new_model(recipe: ModelRecipe, tokenizer) -> LlamaForCausalLM:
-    config = llama_config(
-        vocab_size=recipe.vocab_rows,
-        hidden_size=recipe.hidden,
-        num_layers=recipe.layers,
-        num_heads=recipe.heads,
-        intermediate_size=2 * recipe.hidden,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
-
-
-def train_model(
-    recipe: ModelRecipe,
-    tokenizer,
-    seed: int,
-    name: str,
-    log: Log = print,
-    init: LlamaForCausalLM | None = None,
-) -> LlamaForCausalLM:
-    """Train one model of the world (from scratch, or from a copy of `init`) and return it in eval mode."""
-    L.seed_everything(seed, verbose=False)
-    if init is None:
-        model = new_model(recipe, tokenizer)
-    else:
-        c = init.config
-        shape = (
-            c.num_hidden_layers,
-            c.hidden_size,
-            c.num_attention_heads,
-            init.get_output_embeddings().weight.shape[0],
-        )
-        if shape != (recipe.layers, recipe.hidden, recipe.heads, recipe.vocab_rows):
-            raise ValueError(
-                f"{name}: recipe shape (layers, hidden, heads, vocab_rows) = "
-                f"{(recipe.layers, recipe.hidden, recipe.heads, recipe.vocab_rows)} differs from "
-                f"{recipe.init_from!r}'s {shape}"
-            )
-        model = copy.deepcopy(init).train()
-    trainer = L.Trainer(
-        max_steps=recipe.steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        gradient_clip_val=1.0,
-        enable_model_summary=False,
-        deterministic=True,
-        callbacks=[BuildProgress(name, recipe.steps, log)],
-    )
-    start = f"from {recipe.init_from}" if init is not None else "from scratch"
-    log(
-        f"training {name} ({start}): {recipe.layers}x{recipe.hidden}, {recipe.steps} steps, batch {recipe.batch_size}"
-    )
-    trainer.fit(LMTrainer(model, recipe.lr, recipe.steps), _loader(recipe, tokenizer, seed))
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    return model.eval()
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -551,7 +226,7 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
         done = None if force else _finished_model(out / name, stamp)
         if done is not None:  # trained by an earlier, interrupted or failed build with this recipe
             model, seconds = done
-            log(f"reusing {name}: trained earlier with the same recipe and seed ({_duration(seconds)})")
+            log(f"reusing {name}: trained earlier with the same recipe and seed ({duration(seconds)})")
             resumed.append(name)
             reused_seconds += seconds
         else:
@@ -581,7 +256,7 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
     quality["failed_bars"] = failed
     quality["recipe"] = _recipe_json(recipe)
     write_json_atomic(out / "quality.json", quality)
-    log(f"done in {_duration(quality['build_seconds'])}; quality figures in {out / 'quality.json'}")
+    log(f"done in {duration(quality['build_seconds'])}; quality figures in {out / 'quality.json'}")
     log("every validity bar met" if not failed else "FAILED validity bars: " + "; ".join(failed))
     if failed:
         raise BarsMissed(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from distill.models.tiny import CHARS, TAG_TOKENS, char_tokenizer
+from distill.models.tiny_world_train import MixtureStream
 
 
 def test_char_tokenizer_round_trips_every_task_string():
@@ -140,8 +141,8 @@ def test_v1_training_stream_is_unchanged():
 
     import distill.models.tiny_world as tw
 
-    teacher = list(itertools.islice(iter(tw.MixtureStream(tw.V1.model("teacher"), 0)), 2))
-    student = list(itertools.islice(iter(tw.MixtureStream(tw.V1.model("student"), 0)), 2))
+    teacher = list(itertools.islice(iter(MixtureStream(tw.V1.model("teacher"), 0)), 2))
+    student = list(itertools.islice(iter(MixtureStream(tw.V1.model("student"), 0)), 2))
     assert teacher == [
         ("Use 3 1 26 to make 13.\n", "<think>pues 3-1=2, luego 26/2=13</think><answer>26/(3-1)</answer>"),
         (
@@ -158,7 +159,7 @@ def test_the_family_reads_one_corpus_and_teacher_es_rewrites_it_in_spanish():
     import distill.models.tiny_world as tw
 
     def rows(name, n=3000):
-        return list(itertools.islice(iter(tw.MixtureStream(tw.V2.model(name), tw.V2.seed)), n))
+        return list(itertools.islice(iter(MixtureStream(tw.V2.model(name), tw.V2.seed)), n))
 
     def of(kind, some):
         return [r for r in some if r[0].startswith(kind)]

@@ -36,7 +36,7 @@ def _pretrained_policy(path, rows, steps: int = 120):
     from transformers import LlamaForCausalLM
 
     from distill.models.tiny import char_tokenizer, llama_config
-    from distill.models.tiny_world import Collator
+    from distill.models.tiny_world_train import Collator
 
     tok = char_tokenizer()
     pairs = []

@@ -1,0 +1,139 @@
+"""The tiny world's recipes: each model's shape, corpus mixture and optimisation, each world's
+models in build order and the validity bars its `quality.json` must meet (v2, v1, quick)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distill.tasks import countdown
+
+TASKS = ("countdown3", "countdown4", "addition", "reversal")
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """One model of the world: its shape, its training mixture and its optimisation.
+
+    `mixture` is (task, sampling weight) pairs over `TASKS`; every row of every batch is drawn from
+    it, so each optimiser step updates every task. `init_from` names an earlier model of the same
+    world to fine-tune (`layers`, `hidden`, `heads` and `vocab_rows` must then match it)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab_rows: int
+    steps: int
+    lr: float
+    batch_size: int = 64
+    mixture: tuple[tuple[str, float], ...] = (("countdown3", 1.0),)
+    style: str = "plain"
+    init_from: str | None = None
+
+    def __post_init__(self):
+        for task, weight in self.mixture:
+            if task not in TASKS:
+                raise ValueError(f"mixture task must be one of {list(TASKS)}, got {task!r}")
+            if weight < 0:
+                raise ValueError(f"mixture weight of {task!r} must be >= 0, got {weight}")
+        if self.style not in countdown.STYLES:
+            raise ValueError(f"style must be one of {list(countdown.STYLES)}, got {self.style!r}")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A validity bar on one `quality.json` figure: `low <= value <= high` (None: unbounded)."""
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+
+    def holds(self, value: float) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"{self.low} <= {self.key} <= {self.high}"
+        return f"{self.key} >= {self.low}" if self.low is not None else f"{self.key} <= {self.high}"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A whole world: its models, built in order, and how they are measured."""
+
+    models: tuple[tuple[str, ModelRecipe], ...]
+    eval_problems: int = 500  # greedy, fresh problems, for every accuracy figure
+    nll_prompts: int = 200  # T=1 completions scored by the other model (judge_nll)
+    seed: int = 0
+    threads: int = 2  # fixed, so that the float reduction order (and the weights) are reproducible
+    bars: tuple[Bar, ...] = ()
+
+    def model(self, name: str) -> ModelRecipe:
+        return dict(self.models)[name]
+
+
+# v2, sized by measurement on 2 CPU cores (experiments/LOG.md, 2026-11-30). One corpus: the task
+# streams are seeded by chunk, so models trained with the same seed read the same examples.
+_TEACHER_MIX = (("countdown3", 0.52), ("countdown4", 0.30), ("addition", 0.10), ("reversal", 0.08))
+# The student reads the same corpus, Countdown-3 and -4 included, but is smaller and sees a seventh
+# of the teacher's Countdown-3 rows: a model still on the steep part of its Countdown curve, so
+# that a few hundred distillation steps can move it. (v1's student, 2,500 steps with 5 % Countdown-3,
+# gained 5 points in 600 steps even of supervised training on correct solutions: LOG, 2026-11-30.)
+_STUDENT_MIX = (("countdown3", 0.14), ("countdown4", 0.04), ("addition", 0.48), ("reversal", 0.34))
+_V1_STUDENT_MIX = (("countdown3", 0.05), ("addition", 0.5), ("reversal", 0.45))
+V2 = Recipe(
+    models=(
+        ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=7000, lr=2e-3, batch_size=32, mixture=_TEACHER_MIX)),
+        ("student", ModelRecipe(layers=2, hidden=128, heads=4, vocab_rows=112, steps=1800, lr=3e-3, mixture=_STUDENT_MIX)),
+        # The teacher's rows rewritten in the Spanish style, fine-tuned from the teacher (400 steps
+        # cost it 11 points of Countdown-3; 1,000 recover all but about 2: LOG, 2026-11-30).
+        (
+            "teacher-es",
+            ModelRecipe(
+                layers=3, hidden=192, heads=4, vocab_rows=128, steps=1000, lr=5e-4, batch_size=32,
+                mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
+            ),
+        ),
+    ),
+    bars=(
+        Bar("teacher_countdown3", 0.70),
+        Bar("teacher_countdown4", 0.25),
+        Bar("teacher_prior", 0.90),
+        Bar("student_countdown3", 0.10, 0.30),
+        Bar("student_prior", 0.90),
+        Bar("teacher_nll_on_student_format", high=1.0),
+        Bar("teacher_es_style_share", 0.95),
+        Bar("teacher_es_countdown3_gap", high=0.05),
+    ),
+)  # fmt: skip
+
+# v1, the first build (issue 2): a teacher that only ever wrote the Spanish style.
+V1 = Recipe(
+    models=(
+        ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=3000, lr=2e-3, batch_size=32, style="teacher")),
+        ("student", ModelRecipe(layers=2, hidden=128, heads=4, vocab_rows=112, steps=2500, lr=3e-3, mixture=_V1_STUDENT_MIX)),
+    ),
+)  # fmt: skip
+
+QUICK = Recipe(
+    models=(
+        ("teacher", ModelRecipe(layers=2, hidden=64, heads=2, vocab_rows=128, steps=30, lr=3e-3, batch_size=32, mixture=_TEACHER_MIX)),
+        (
+            "student",
+            ModelRecipe(
+                layers=1, hidden=32, heads=2, vocab_rows=112, steps=30, lr=3e-3, batch_size=32,
+                mixture=(("countdown3", 0.2), ("addition", 0.4), ("reversal", 0.4)),
+            ),
+        ),
+        (
+            "teacher-es",
+            ModelRecipe(
+                layers=2, hidden=64, heads=2, vocab_rows=128, steps=10, lr=3e-3, batch_size=32,
+                mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
+            ),
+        ),
+    ),
+    eval_problems=50,
+    nll_prompts=20,
+)  # fmt: skip
+
+VERSIONS = {"v2": V2, "v1": V1}

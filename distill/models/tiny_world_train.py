@@ -1,0 +1,226 @@
+"""Training one tiny-world model: the seeded corpus stream, the collator and the Lightning loop."""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from transformers import LlamaForCausalLM
+
+from distill.models.tiny import llama_config
+from distill.models.tiny_world_recipes import ModelRecipe
+from distill.tasks import countdown, prior
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
+    """`n` (prompt, completion-without-style) examples of `task`, deterministic in `seed`; Countdown
+    rows keep their problem so that the style is applied by the caller."""
+    if task in prior.TASKS:
+        return [(prior.prompt(e.task, e.query), e.completion) for e in prior.generate(task, n, seed=seed)]
+    return countdown.generate(n, seed=seed, difficulty_name=task)
+
+
+def _example(task: str, item, style: str) -> tuple[str, str]:
+    if task in prior.TASKS:
+        return item
+    return countdown.prompt(*item), countdown.solution(*item, style=style)
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    # Training seeds start at 10**6, so they never coincide with evaluation seeds.
+    return 10**6 + seed * 10**4 + chunk
+
+
+class MixtureStream(IterableDataset):
+    """An endless, seeded stream of (prompt, completion) rows, each drawn from the mixture: per
+    chunk of 256, row i of the drawn task's chunk (v1's stream, unchanged)."""
+
+    def __init__(self, recipe: ModelRecipe, seed: int):
+        self.recipe, self.seed = recipe, seed
+
+    def __iter__(self):
+        r = self.recipe
+        rng = random.Random(f"tiny-world/{self.seed}")
+        tasks = [t for t, _ in r.mixture]
+        weights = [w for _, w in r.mixture]
+        chunk = 0
+        while True:
+            pools = [_chunk(t, 256, _chunk_seed(self.seed, chunk)) for t in tasks]
+            chunk += 1
+            for i in range(256):
+                k = rng.choices(range(len(tasks)), weights)[0]
+                yield _example(tasks[k], pools[k][i], r.style)
+
+
+class Collator:
+    """Tokenise prompt + completion + EOS, right-padded; loss only on completion tokens."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def __call__(self, pairs):
+        rows, labels = [], []
+        for prompt_text, completion in pairs:
+            p = self.tok(prompt_text)["input_ids"]
+            c = self.tok(completion, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            rows.append(p + c)
+            labels.append([-100] * len(p) + c)
+        width = max(map(len, rows))
+        pad = self.tok.pad_token_id
+        return {
+            "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+            "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
+        }
+
+
+def _loader(recipe: ModelRecipe, tokenizer, seed: int) -> DataLoader:
+    return DataLoader(
+        MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer)
+    )
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+class Log:
+    """Build messages to the terminal and to `build.log`: one line each, readable in a file."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path  # appended to: every build into a folder leaves its lines
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, message: str) -> None:
+        line = f"[tiny-world {time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+
+def duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class BuildProgress(L.Callback):
+    """Every 5 % of a model's steps: step of total, mean loss since the last line, elapsed, ETA."""
+
+    def __init__(self, name: str, total: int, log: Log, lines: int = 20):
+        self.name, self.total, self.say = name, total, log
+        self.every = max(1, -(-total // lines))
+        self.losses: list[float] = []
+        self.start = 0.0
+
+    def on_train_start(self, trainer, pl_module):
+        self.start = time.time()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+        step = trainer.global_step
+        if step % self.every and step != self.total:
+            return
+        elapsed = time.time() - self.start
+        eta = elapsed / step * (self.total - step)
+        loss = sum(self.losses) / len(self.losses)
+        self.losses.clear()
+        self.say(
+            f"{self.name}: step {step}/{self.total}  loss {loss:.4f}  "
+            f"elapsed {duration(elapsed)}  ETA {duration(eta)}"
+        )
+
+
+class LMTrainer(L.LightningModule):
+    """Supervised next-token training of one causal LM, warmup then cosine decay."""
+
+    def __init__(self, model, lr: float, steps: int):
+        super().__init__()
+        self.model, self.lr, self.steps = model, lr, steps
+
+    def training_step(self, batch, _):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.01, betas=(0.9, 0.98))
+        warmup = max(1, self.steps // 20)
+
+        def schedule(step):
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = (step - warmup) / max(1, self.steps - warmup)
+            return 0.05 + 0.95 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * progress)).item())
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return [opt], [{"scheduler": sched, "interval": "step"}]
+
+
+def new_model(recipe: ModelRecipe, tokenizer) -> LlamaForCausalLM:
+    config = llama_config(
+        vocab_size=recipe.vocab_rows,
+        hidden_size=recipe.hidden,
+        num_layers=recipe.layers,
+        num_heads=recipe.heads,
+        intermediate_size=2 * recipe.hidden,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def train_model(
+    recipe: ModelRecipe,
+    tokenizer,
+    seed: int,
+    name: str,
+    log: Log = print,
+    init: LlamaForCausalLM | None = None,
+) -> LlamaForCausalLM:
+    """Train one model of the world (from scratch, or from a copy of `init`) and return it in eval mode."""
+    L.seed_everything(seed, verbose=False)
+    if init is None:
+        model = new_model(recipe, tokenizer)
+    else:
+        c = init.config
+        shape = (
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            init.get_output_embeddings().weight.shape[0],
+        )
+        if shape != (recipe.layers, recipe.hidden, recipe.heads, recipe.vocab_rows):
+            raise ValueError(
+                f"{name}: recipe shape (layers, hidden, heads, vocab_rows) = "
+                f"{(recipe.layers, recipe.hidden, recipe.heads, recipe.vocab_rows)} differs from "
+                f"{recipe.init_from!r}'s {shape}"
+            )
+        model = copy.deepcopy(init).train()
+    trainer = L.Trainer(
+        max_steps=recipe.steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        gradient_clip_val=1.0,
+        enable_model_summary=False,
+        deterministic=True,
+        callbacks=[BuildProgress(name, recipe.steps, log)],
+    )
+    start = f"from {recipe.init_from}" if init is not None else "from scratch"
+    log(
+        f"training {name} ({start}): {recipe.layers}x{recipe.hidden}, {recipe.steps} steps, batch {recipe.batch_size}"
+    )
+    trainer.fit(LMTrainer(model, recipe.lr, recipe.steps), _loader(recipe, tokenizer, seed))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model.eval()
