@@ -19,7 +19,6 @@ import lightning as L
 import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.checks import check_int, check_number
 from distill.losses import ForwardKL, TokenDivergence, step_token_count, token_statistics
@@ -41,6 +40,7 @@ from distill.training import (
     StepCost,
     StepResult,
     check_optimizer,
+    log_texts,
 )
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
@@ -239,12 +239,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         self.log("train/nonfinite_steps", float(self.guard.skipped))
         every = self.hparams.log_text_every
-        if every and (self.global_step - 1) % every == 0 and isinstance(self.logger, TensorBoardLogger):
+        if every and (self.global_step - 1) % every == 0:
             texts = rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
-            body = "\n\n".join(f"    {t}".replace("\n", "\n    ") for t in texts)
-            self.logger.experiment.add_text(
-                "rollouts", f"teacher-written spans in ⟦ ⟧\n\n{body}", self.global_step
-            )
+            log_texts(self, "rollouts", texts, header="teacher-written spans in ⟦ ⟧\n\n")
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:
@@ -257,12 +254,6 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         mask = rollout.completion_mask[:, 1:].float()
         for key in ("forward_kl", "reverse_kl"):
             self.eval_figure(f"{prefix}/{task}/{key}", (stats[key] * mask).sum(), mask.sum())
-
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate(batch, "test")
 
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from torchmetrics import Metric
 
@@ -64,6 +65,14 @@ class LogitGradSink(Protocol):
     def record(
         self, grad: Tensor, completion_mask: Tensor, teacher_token_mask: Tensor, num_items
     ) -> None: ...
+
+
+def log_texts(module, tag: str, texts: list[str], header: str = "") -> None:
+    """Sample texts to TensorBoard (indented, so they render as code blocks), if it is the logger."""
+    logger = module.logger
+    if isinstance(logger, TensorBoardLogger) and texts:
+        body = "\n\n".join(f"    {t}".replace("\n", "\n    ") for t in texts)
+        logger.experiment.add_text(tag, header + body, module.global_step)
 
 
 def step_result(outputs) -> StepResult | None:
@@ -156,8 +165,8 @@ class RatioOfSums(Metric):
 
 
 class EvalFigures:
-    """Mixin (before `L.LightningModule`): `eval_figure(name, numerator, denominator)` in a
-    validation or test step; at the epoch's end each figure is logged once as its ratio of sums
+    """Mixin (before `L.LightningModule`) for a module whose `_evaluate(batch, prefix)` scores an
+    evaluation batch (prefix "val" or "test") and calls `eval_figure(name, numerator, denominator)`; at the epoch's end each figure is logged once as its ratio of sums
     over all batches and ranks (torchmetrics syncs the sums), then reset. A KL is thus the mean over
     every completion token of the epoch, not a mean of per-batch means."""
 
@@ -171,6 +180,15 @@ class EvalFigures:
         for name, figure in sorted(self.__dict__.get("_eval_figures", {}).items()):
             self.log(name, figure.compute().float(), add_dataloader_idx=False)
             figure.reset()
+
+    def _evaluate(self, batch: dict, prefix: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define _evaluate(batch, prefix)")
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "test")
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval_figures()

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.checks import check_choice, check_int, check_number
 from distill.losses import step_token_count, token_statistics
@@ -49,12 +47,12 @@ from distill.models.loading import (
 )
 from distill.names import KL_ESTIMATORS
 from distill.rl.objective import (
+    GRPOBatch,
     clipped_surrogate,
     group_advantages,
     kl_penalty,
     token_logprobs,
 )
-from distill.rollout import RolloutBatch
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -64,24 +62,8 @@ from distill.training import (
     StepCost,
     StepResult,
     check_optimizer,
+    log_texts,
 )
-
-
-@dataclass
-class GRPOBatch:
-    """One rollout batch prepared for the passes: rewards, advantages (`[B]`), the completion mask
-    and tokens' log-probs (`[B, T-1]`) under the sampling policy and the reference (filled by the
-    first pass), and the step's completion-token count."""
-
-    rollout: RolloutBatch
-    rewards: torch.Tensor
-    texts: list[str]
-    advantages: torch.Tensor
-    zero_signal: torch.Tensor
-    mask: torch.Tensor
-    num_items: torch.Tensor
-    old_logp: torch.Tensor
-    ref_logp: torch.Tensor
 
 
 def _default_optimizer(params):
@@ -391,12 +373,11 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/nonfinite_steps", float(self.guard.skipped), batch_size=n)
         every = self.hparams.log_text_every
         batch_index = (self.global_step - passes) // self.hparams.num_iterations  # rollout batches so far
-        if every and batch_index % every == 0 and isinstance(self.logger, TensorBoardLogger):
+        if every and batch_index % every == 0:
             texts = step.rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
-            body = "\n\n".join(
-                f"    [reward {float(r):g}] {t}".replace("\n", "\n    ") for r, t in zip(step.rewards, texts)
+            log_texts(
+                self, "completions", [f"[reward {float(r):g}] {t}" for r, t in zip(step.rewards, texts)]
             )
-            self.logger.experiment.add_text("completions", body, self.global_step)
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:
@@ -411,12 +392,6 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         mask = rollout.completion_mask[:, 1:].float()
         kl = (token_statistics(policy, reference)["reverse_kl"] * mask).sum()
         self.eval_figure(f"{prefix}/{task}/kl_to_start", kl, mask.sum())
-
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate(batch, "test")
 
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:

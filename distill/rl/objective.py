@@ -1,13 +1,17 @@
 """GRPO's tensor math: group-normalised advantages, per-token log-probs, the clipped surrogate and
-the per-token KL penalty. Pure functions, no Lightning (layer 2 conventions: float32 math).
+the per-token KL penalty. Pure functions, no Lightning (layer 2 conventions: float32 math); and
+`GRPOBatch`, the tensors one rollout batch carries through its passes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from distill.names import KL_ESTIMATORS
+from distill.rollout import RolloutBatch
 
 # exp(30) ~ 1e13: a log-ratio past it means a token the policy all but excludes; k3's exp stays finite.
 MAX_LOG_RATIO = 30.0
@@ -98,3 +102,20 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
     if estimator == "k2":
         return 0.5 * d.square()
     return torch.expm1(d) - d
+
+
+@dataclass
+class GRPOBatch:
+    """One rollout batch prepared for the passes: rewards, advantages (`[B]`), the completion mask
+    and tokens' log-probs (`[B, T-1]`) under the sampling policy and the reference (filled by the
+    first pass), and the step's completion-token count."""
+
+    rollout: RolloutBatch
+    rewards: torch.Tensor
+    texts: list[str]
+    advantages: torch.Tensor
+    zero_signal: torch.Tensor
+    mask: torch.Tensor
+    num_items: torch.Tensor
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
