@@ -218,11 +218,17 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                         num_items=num_items,
                     )
                 )
-            loss = self.divergence(student, teacher, mask[rows], tokens=ids[rows, 1:], num_items=num_items)
+            loss, stats = self.divergence(
+                student,
+                teacher,
+                mask[rows],
+                tokens=ids[rows, 1:],
+                num_items=num_items,
+                return_statistics=True,
+            )
             backward(loss)
             timings["teacher_forward"] += t1 - t0
             timings["student_forward_backward"] += time.perf_counter() - t1
-            stats = token_statistics(student.detach(), teacher)
             m = mask[rows].float()
             keys = [f.name for f in fields(StepMeans)][1:]
             sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])

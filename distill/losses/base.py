@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from distill.checks import check, check_int, check_number
 from distill.losses.chunked import ChunkedDivergence, ChunkPlan, RowKernel, compute_dtype, resolve_chunk_size
 from distill.losses.formulas import Formula, autograd_terms
-from distill.losses.functional import Terms, exact_rows, sampled_rows, topk_rows
+from distill.losses.functional import STATISTICS, Terms, exact_rows, sampled_rows, topk_rows
 from distill.losses.reduction import row_scale
 from distill.names import EXACT_ESTIMATORS, SAMPLED_ESTIMATORS
 
@@ -136,7 +136,8 @@ class TokenDivergence(nn.Module):
         tokens: Tensor | None = None,
         num_items: int | float | Tensor | None = None,
         behaviour_logprobs: Tensor | None = None,
-    ) -> Tensor:
+        return_statistics: bool = False,
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Masked reduction to a scalar float32 loss.
 
         ``mask`` ``[B, T]`` (bool or 0/1; other non-negative values act as per-token weights). With
@@ -144,15 +145,34 @@ class TokenDivergence(nn.Module):
         optimiser step, all micro-batches and ranks, e.g. from :func:`step_token_count`): the masked
         sum divided by it, so gradient accumulation gives the same update as one large batch.
         Masked positions are never evaluated. An empty mask gives 0 with a zero gradient.
+
+        With ``return_statistics`` it returns ``(loss, statistics)``: the logging figures of
+        :func:`distill.losses.token_statistics` (both exact KLs and both entropies, temperature 1,
+        ``[B, T]`` each, zero at masked positions) computed in the same chunked pass, from the same
+        softmaxes when the temperature is 1, so the step needs no second pass over ``[B, T, V]``.
         """
         width = self._check_inputs(student_logits, teacher_logits, mask, tokens, behaviour_logprobs)
         scale = row_scale(mask, num_items, compute_dtype(student_logits))
         rows = torch.nonzero(scale).view(-1)
-        return self._run_rows(
-            student_logits, teacher_logits, rows, scale, width, tokens, behaviour_logprobs, True
+        out = self._run_rows(
+            student_logits,
+            teacher_logits,
+            rows,
+            scale,
+            width,
+            tokens,
+            behaviour_logprobs,
+            True,
+            return_statistics,
         )
+        if not return_statistics:
+            return out
+        loss, stats = out
+        return loss, dict(zip(STATISTICS, stats.unbind(-1)))
 
-    def _run_rows(self, student, teacher, rows, scale, width, tokens, behaviour_logprobs, reduce) -> Tensor:
+    def _run_rows(
+        self, student, teacher, rows, scale, width, tokens, behaviour_logprobs, reduce, stats=False
+    ):
         if self.sampled and rows.numel():
             b, t = rows // tokens.shape[1], rows % tokens.shape[1]
             used = tokens[b, t]
@@ -162,23 +182,24 @@ class TokenDivergence(nn.Module):
                     f"[{int(used.min())}, {int(used.max())}]"
                 )
         kernel = self._kernel(tokens, behaviour_logprobs)
-        plan = ChunkPlan(kernel, width, self.temperature, resolve_chunk_size(self.chunk_size, width), reduce)
+        chunk = resolve_chunk_size(self.chunk_size, width)
+        plan = ChunkPlan(kernel, width, self.temperature, chunk, reduce, statistics=stats)
         return ChunkedDivergence.apply(student, teacher.detach(), rows, scale, plan, torch.is_grad_enabled())
 
     def _kernel(self, tokens: Tensor | None, behaviour_logprobs: Tensor | None) -> RowKernel:
         if self.sampled:
             direction, est, cap = self.sampled_direction, self.estimator, self.max_importance_weight
 
-            def kernel(u_s, u_t, b, t, want_grad):
+            def kernel(u_s, u_t, b, t, want_grad, stats):
                 beh = None if behaviour_logprobs is None else behaviour_logprobs[b, t]
-                return sampled_rows(direction, est, u_s, u_t, tokens[b, t], beh, cap, want_grad)
+                return sampled_rows(direction, est, u_s, u_t, tokens[b, t], beh, cap, want_grad, stats)
 
             return kernel
         terms = self.terms()
         if self.estimator == "topk":
             k = self.top_k
-            return lambda u_s, u_t, b, t, want_grad: topk_rows(terms, u_s, u_t, k, want_grad)
-        return lambda u_s, u_t, b, t, want_grad: exact_rows(terms, u_s, u_t, want_grad)
+            return lambda u_s, u_t, b, t, want_grad, stats: topk_rows(terms, u_s, u_t, k, want_grad, stats)
+        return lambda u_s, u_t, b, t, want_grad, stats: exact_rows(terms, u_s, u_t, want_grad, stats)
 
     def _check_inputs(self, student, teacher, mask, tokens, behaviour_logprobs) -> int:
         if student.dim() != 3 or teacher.dim() != 3 or student.shape[:2] != teacher.shape[:2]:

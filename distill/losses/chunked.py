@@ -11,14 +11,19 @@ that buffer in place and hands it to autograd. A second backward through the sam
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-# kernel(u_s, u_t, b_idx, t_idx, want_grad) -> (value [n], grad w.r.t. scaled student logits [n, V])
-RowKernel = Callable[[Tensor, Tensor, Tensor, Tensor, bool], "tuple[Tensor, Tensor | None]"]
+from distill.checks import check_int
+from distill.losses.functional import STATISTICS, fill_statistics, log_probs
+
+# kernel(u_s, u_t, b_idx, t_idx, want_grad, stats) -> (value [n], grad w.r.t. scaled student logits
+# [n, V]); when `stats` ([n, 4]) is given the kernel also writes the rows' statistics into it
+# (`functional.fill_statistics`) from the softmaxes it computes anyway.
+RowKernel = Callable[[Tensor, Tensor, Tensor, Tensor, bool, "Tensor | None"], "tuple[Tensor, Tensor | None]"]
 
 
 # Default chunk: this many logits (32 MiB per float32 buffer), i.e. 2**23 // V positions. Smaller
@@ -29,11 +34,7 @@ CHUNK_ELEMENTS = 2**23
 def resolve_chunk_size(chunk_size: int | None, width: int) -> int:
     """Positions per chunk: ``chunk_size``, or when None ``max(1, CHUNK_ELEMENTS // width)``."""
     if chunk_size is not None:
-        if not (isinstance(chunk_size, int) and chunk_size >= 1):
-            raise ValueError(
-                f"chunk_size={chunk_size!r} is not allowed; chunk_size must be None or an integer >= 1"
-            )
-        return chunk_size
+        return check_int("chunk_size", chunk_size, 1)
     return max(1, CHUNK_ELEMENTS // width)
 
 
@@ -61,25 +62,32 @@ def _scaled(rows: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
 @dataclass(frozen=True)
 class ChunkPlan:
     """How `ChunkedDivergence` evaluates rows: the row kernel, the vocabulary width compared, the
-    temperature, rows per chunk, and whether the output is the scalar sum (else ``[B, T]``)."""
+    temperature, rows per chunk, whether the output is the scalar sum (else ``[B, T]``), and whether
+    the logging statistics (both KLs, both entropies at temperature 1) come out of the same pass."""
 
     kernel: RowKernel
     width: int
     temperature: float
     chunk_size: int
     reduce: bool
+    statistics: bool = False
 
 
 def _run(
     plan: ChunkPlan, student: Tensor, teacher: Tensor, rows: Tensor, row_scale: Tensor, want_grad: bool
-) -> tuple[Tensor, Tensor | None]:
-    """Values ``[B*T]`` (zero outside ``rows``; float32, or float64 for float64 inputs) and, if
-    ``want_grad``, the gradient w.r.t. ``student`` scaled per row by ``row_scale``."""
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Values ``[B*T]`` (zero outside ``rows``; float32, or float64 for float64 inputs); if
+    ``want_grad``, the gradient w.r.t. ``student`` scaled per row by ``row_scale``; if
+    ``plan.statistics``, the statistics ``[B*T, 4]`` (zero outside ``rows``)."""
     kernel, width, temperature, chunk_size = plan.kernel, plan.width, plan.temperature, plan.chunk_size
     batch, seq = student.shape[:2]
     n = batch * seq
     dtype = compute_dtype(student)
     values = torch.zeros(n, dtype=dtype, device=student.device)
+    stats = torch.zeros(n, len(STATISTICS), dtype=dtype, device=student.device) if plan.statistics else None
+    # At temperature 1 the kernel's own softmaxes give the statistics; otherwise they are computed
+    # from the unscaled rows of the same chunk.
+    shared = stats is not None and temperature == 1.0
     grad = None
     if want_grad:
         partial = rows.numel() < n or width < student.shape[-1]
@@ -99,10 +107,16 @@ def _run(
             b, t = r // seq, r % seq
             # advanced indexing copies only this chunk, whatever the strides of the inputs
             s_rows, t_rows = student[b, t, :width], teacher[b, t, :width]
-        value, g = kernel(
-            _scaled(s_rows, temperature, dtype), _scaled(t_rows, temperature, dtype), b, t, want_grad
-        )
-        del s_rows, t_rows
+        chunk_stats = None
+        if stats is not None:
+            chunk_stats = torch.empty(s_rows.shape[0], len(STATISTICS), dtype=dtype, device=student.device)
+        if chunk_stats is not None and not shared:
+            fill_statistics(chunk_stats, log_probs(s_rows.to(dtype)), log_probs(t_rows.to(dtype)))
+        u_s, u_t = _scaled(s_rows, temperature, dtype), _scaled(t_rows, temperature, dtype)
+        value, g = kernel(u_s, u_t, b, t, want_grad, chunk_stats if shared else None)
+        del s_rows, t_rows, u_s, u_t
+        if stats is not None:
+            stats[r] = chunk_stats
         values[r] = value
         if grad is not None and g is not None:
             scale = (row_scale[r] / temperature).unsqueeze(-1)
@@ -111,7 +125,7 @@ def _run(
             else:
                 grad[b, t, :width] = g.mul_(scale).to(grad.dtype)
         del g
-    return values, grad
+    return values, grad, stats
 
 
 class ChunkedDivergence(torch.autograd.Function):
@@ -120,7 +134,8 @@ class ChunkedDivergence(torch.autograd.Function):
 
     ``rows``: flat indices into ``B*T`` of the positions to evaluate. ``row_scale``: ``[B*T]`` float32
     weights. With ``reduce`` the output is the scalar ``sum(row_scale * value)``; otherwise the
-    ``[B, T]`` values (``row_scale`` is then all ones). No gradient flows to the teacher.
+    ``[B, T]`` values (``row_scale`` is then all ones). With ``plan.statistics`` a second output, the
+    ``[B, T, 4]`` statistics (not differentiable). No gradient flows to the teacher.
     """
 
     @staticmethod
@@ -128,23 +143,26 @@ class ChunkedDivergence(torch.autograd.Function):
         # needs_input_grad is True even under torch.no_grad(), where no backward can follow
         want_grad = ctx.needs_input_grad[0] and grad_enabled
         with torch.no_grad():
-            values, grad = _run(plan, student, teacher, rows, row_scale, want_grad)
+            values, grad, stats = _run(plan, student, teacher, rows, row_scale, want_grad)
         ctx.grad = grad
-        ctx.plan = plan
+        ctx.plan = replace(plan, statistics=False)  # a recomputing backward needs no statistics
         ctx.save_for_backward(student, teacher, rows, row_scale)
-        if plan.reduce:
-            return (values * row_scale).sum()
-        return values.view(student.shape[:2])
+        out = (values * row_scale).sum() if plan.reduce else values.view(student.shape[:2])
+        if stats is None:
+            return out
+        stats = stats.view(*student.shape[:2], len(STATISTICS))
+        ctx.mark_non_differentiable(stats)
+        return out, stats
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, *_):
         grad = ctx.grad
         ctx.grad = None  # drop our reference so autograd may take the buffer without a copy
         if grad is None:  # a second backward through a retained graph: recompute
             student, teacher, rows, row_scale = ctx.saved_tensors
             with torch.no_grad():
-                _, grad = _run(ctx.plan, student, teacher, rows, row_scale, True)
+                _, grad, _ = _run(ctx.plan, student, teacher, rows, row_scale, True)
         if ctx.plan.reduce:
             if not bool(grad_out == 1):
                 grad.mul_(grad_out.to(grad.dtype))

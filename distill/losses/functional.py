@@ -159,12 +159,37 @@ def interpolated_kl_terms(weight: float) -> Terms:
     return terms
 
 
-def exact_rows(terms: Terms, u_s: Tensor, u_t: Tensor, want_grad: bool) -> tuple[Tensor, Tensor | None]:
-    """Exact divergence over the whole vocabulary for a chunk; gradient w.r.t. the scaled logits."""
+# Columns of the statistics a chunk can hand back with its value (see `fill_statistics`).
+STATISTICS = ("forward_kl", "reverse_kl", "student_entropy", "teacher_entropy")
+
+
+def fill_statistics(
+    out: Tensor, s: Tensor, t: Tensor, p_s: Tensor | None = None, p_t: Tensor | None = None
+) -> None:
+    """Write both exact KL directions and both entropies of each row into ``out`` ``[n, 4]`` (columns
+    as in :data:`STATISTICS`, clamped at 0) from the log-probabilities ``s``, ``t`` (probabilities
+    computed when not given). Reads its inputs only."""
+    p_s = s.exp() if p_s is None else p_s
+    p_t = t.exp() if p_t is None else p_t
+    d = t - s
+    out[:, 0] = rowdot(p_t, d)
+    out[:, 1] = rowdot(p_s, d).neg_()
+    out[:, 2] = rowdot(p_s, s).neg_()
+    out[:, 3] = rowdot(p_t, t).neg_()
+    out.clamp_min_(0.0)
+
+
+def exact_rows(
+    terms: Terms, u_s: Tensor, u_t: Tensor, want_grad: bool, stats: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """Exact divergence over the whole vocabulary for a chunk; gradient w.r.t. the scaled logits.
+    With ``stats`` (``[n, 4]``) the chunk's statistics are written there from the same softmaxes."""
     s = log_probs(u_s)
     t = log_probs(u_t)
     p_s = s.exp()
     p_t = t.exp()
+    if stats is not None:
+        fill_statistics(stats, s, t, p_s, p_t)
     value, g = terms(s, t, p_s, p_t)
     del t, p_t
     return value.clamp_min(0.0), logit_grad(g, p_s) if want_grad else None
@@ -177,7 +202,7 @@ def _with_tail(logp: Tensor, idx: Tensor) -> Tensor:
 
 
 def topk_rows(
-    terms: Terms, u_s: Tensor, u_t: Tensor, top_k: int, want_grad: bool
+    terms: Terms, u_s: Tensor, u_t: Tensor, top_k: int, want_grad: bool, stats: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """Divergence between the two distributions collapsed onto the teacher's top-k tokens + one tail.
 
@@ -188,6 +213,8 @@ def topk_rows(
     k = min(top_k, u_t.shape[-1])
     s = log_probs(u_s)
     t = log_probs(u_t)
+    if stats is not None:
+        fill_statistics(stats, s, t)
     idx = t.topk(k, dim=-1, sorted=False).indices
     rs = _with_tail(s, idx)
     rt = _with_tail(t, idx)
@@ -214,6 +241,7 @@ def sampled_rows(
     behaviour_logprobs: Tensor | None,
     max_importance_weight: float | None,
     want_grad: bool,
+    stats: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Single-sample estimators (Schulman, "Approximating KL divergence") on the given tokens.
 
@@ -234,6 +262,8 @@ def sampled_rows(
     """
     s = log_probs(u_s)
     t = log_probs(u_t)
+    if stats is not None:
+        fill_statistics(stats, s, t)
     x = tokens.unsqueeze(-1)
     s_x = s.gather(-1, x).squeeze(-1)
     t_x = t.gather(-1, x).squeeze(-1)
