@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
+from distill.experiments.axes import DIVERGENCES, PATH_TO_SHORTHAND, canonical_axis, format_value
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
-from distill.experiments.spec import DIVERGENCES, PATH_TO_SHORTHAND, SpecError, canonical_axis, format_value
+from distill.experiments.schema import SpecError
 from distill.rundir import METRICS, flatten, read_metrics
 
 REPLICATE = "seed"

@@ -50,6 +50,7 @@ from typing import Any
 from distill.experiments import stages
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance, summarize
 from distill.experiments.archive import ArchiveError, archive
+from distill.experiments.axes import format_value
 from distill.experiments.records import (
     CURVE_TAGS,
     REPLICATE,
@@ -62,7 +63,6 @@ from distill.experiments.records import (
 )
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import LABELS, load_references
-from distill.experiments.spec import format_value
 
 SIDE_EFFECTS = (
     "forgetting/mean_delta",
