@@ -10,5 +10,6 @@
 - `records`: reading a sweep directory back (settings + metrics per run, runs.csv, TB curves);
 - `analysis`: factor importance (eta² per knob with bootstrap intervals);
 - `plots`: the report's PNG figures;
-- `report`: `distill report SWEEP_DIR` (runs.csv, report.md, plots/).
+- `tables`: the report's markdown tables (metrics by knob, side effects, cost);
+- `report`: `distill report SWEEP_DIR` (runs.csv, report.md, plots/; factor importance sections).
 """
