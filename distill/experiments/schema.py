@@ -99,7 +99,7 @@ def label_of(label: str, name: str) -> str:
 
 
 def field_error(cls: type, name: str, value: Any, label: str = "") -> SpecError:
-    """ "'<label>' must <what the field's declaration says>, got <value>"."""
+    """The error about a field: "'<label>' must <its `must` text>, got <value>"."""
     must = next(f.metadata["must"] for f in dataclasses.fields(cls) if f.name == name)
     return SpecError(f"{label_of(label, name)!r} must {must}, got {value!r}")
 
