@@ -16,9 +16,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from distill.experiments.analysis import summarize
+from distill.experiments.axes import format_value
 from distill.experiments.records import RunRecord, expand_tags, read_curves
 from distill.experiments.references import LABELS
-from distill.experiments.spec import format_value
 
 DPI = 110
 # Reference lines (`distill.experiments.references`): kind -> matplotlib line style.

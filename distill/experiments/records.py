@@ -1,4 +1,5 @@
-"""Reading a sweep directory back: one record per run (settings + metrics), `runs.csv`, TB curves.
+"""Reading a sweep directory back: one record per run (settings + metrics), `runs.csv`, TB curves;
+and the `sweep.json` that the sweep runner writes for it.
 
 A run directory is any direct subdirectory of the sweep directory holding `settings.json`,
 `metrics.json` or `overrides.yaml`. Knob values come from `settings.json` (written by the sweep
@@ -20,9 +21,12 @@ from typing import Any
 
 import yaml
 
+from distill.experiments.axes import DIVERGENCES, PATH_TO_SHORTHAND, canonical_axis, format_value
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
-from distill.experiments.spec import DIVERGENCES, PATH_TO_SHORTHAND, SpecError, canonical_axis, format_value
+from distill.experiments.schema import SpecError
+from distill.experiments.spec import Run, SweepSpec
 from distill.rundir import METRICS, flatten, read_metrics
+from distill.runinfo import write_json_atomic
 
 REPLICATE = "seed"
 # The contract's headline metrics, in report order; `{set}` expands to each test set present.
@@ -157,6 +161,45 @@ def read_sweep_record(sweep_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
+    """Write `sweep.json` (what `read_sweep_record` reads) at the top of the sweep and, with
+    stages, in each stage directory: name, spec, base configs, axes, overrides and run names."""
+    record = {
+        "name": spec.name,
+        "spec": str(spec.path) if spec.path else None,
+        "base": [str(p) for p in spec.base],
+        "axes": spec.axes,
+        "overrides": spec.overrides,
+        "runs": [run.name for run in runs if not run.reference],
+        "references": [run.name for run in runs if run.reference],
+    }
+    if spec.stages:
+        # Each stage directory reads as a sweep of its own (the report's knob order comes from
+        # its axes: a chained stage's are its parents' plus its own).
+        axes: dict[str, dict] = {}
+        for stage in spec.stages:
+            axes[stage.name] = {**(axes[stage.after] if stage.after else {}), **stage.axes}
+            write_json_atomic(
+                spec.out / stage.name / SWEEP_RECORD,
+                {
+                    "name": f"{spec.name}/{stage.name}",
+                    "stage": stage.name,
+                    "after": stage.after,
+                    "base": [str(p) for p in stage.base],
+                    "axes": axes[stage.name],
+                    "overrides": stage.overrides,
+                    "runs": [run.name for run in runs if run.stage == stage.name and not run.reference],
+                    "references": [run.name for run in runs if run.stage == stage.name and run.reference],
+                },
+                sort_keys=False,
+            )
+        record["stages"] = [
+            {"name": st.name, "after": st.after, "base": [str(p) for p in st.base], "axes": st.axes}
+            for st in spec.stages
+        ]
+    write_json_atomic(spec.out / SWEEP_RECORD, record, sort_keys=False)
 
 
 def knob_values(records: list[RunRecord], sweep_dir: Path | None = None) -> dict[str, list[Any]]:

@@ -32,7 +32,9 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.spec import STUDENT_PATH, Run, SpecError, SweepSpec, nest
+from distill.experiments.axes import nest
+from distill.experiments.schema import SpecError
+from distill.experiments.spec import STUDENT_PATH, Run, SweepSpec
 
 DIRNAME = "references"
 TEST_METRICS = "test_metrics.json"

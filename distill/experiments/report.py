@@ -45,11 +45,11 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
-from distill.experiments import stages
-from distill.experiments.analysis import N_BOOT, Importance, factor_importance, summarize
+from distill.experiments import stages, tables
+from distill.experiments.analysis import N_BOOT, Importance, factor_importance
 from distill.experiments.archive import ArchiveError, archive
+from distill.experiments.axes import format_value
 from distill.experiments.records import (
     CURVE_TAGS,
     REPLICATE,
@@ -61,119 +61,8 @@ from distill.experiments.records import (
     write_csv,
 )
 from distill.experiments.references import DIRNAME as REFERENCES
-from distill.experiments.references import LABELS, load_references
-from distill.experiments.spec import format_value
-
-SIDE_EFFECTS = (
-    "forgetting/mean_delta",
-    "sparsity/overall",
-    "sparsity/relative_update_norm",
-    "style/teacher_style_share",
-)
-COST = ("cost/flops", "cost/wall_s", "cost/teacher_generated_tokens", "cost/student_generated_tokens")
-ROW, COL, LR = "divergence", "mix", "lr"
-
-Axis = tuple[str, list[Any]]
-
-
-def _num(value: float) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
-
-
-def _cell(values: list[float]) -> str:
-    mean, std, n = summarize(values)
-    if n == 0:
-        return "—"
-    return f"{_num(mean)} ({n})" if n == 1 else f"{_num(mean)} ± {std:.2g} ({n})"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
-
-
-def _select(records: list[RunRecord], metric: str, where: dict[str, Any]) -> list[float]:
-    return [
-        r.metrics[metric]
-        for r in records
-        if metric in r.metrics
-        and all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
-    ]
-
-
-def _pooled(factors: dict[str, list], shown: list[str]) -> str:
-    others = [k for k in factors if k not in shown]
-    text = "mean ± std (n runs) over seeds"
-    return text + (f", pooled over {', '.join(others)}" if others else "") + "."
-
-
-def _pivot(
-    records: list[RunRecord],
-    metric: str,
-    row: Axis | None,
-    col: Axis | None,
-    references: dict[str, dict[str, float]] | None = None,
-) -> list[str]:
-    """The metric by row knob x column knob, then a row per reference that has the metric (its one
-    value in every column) and a line counting the cells above the start and at the teacher."""
-    row_knob, row_values = row or ("", [None])
-    col_knob, col_values = col or ("", [None])
-    header = [f"{row_knob} \\ {col_knob}" if row and col else (row_knob or "all")]
-    header += [f"{col_knob}={format_value(v)}" for v in col_values] if col else [metric]
-    rows, means = [], []
-    for rv in row_values:
-        cells = []
-        for cv in col_values:
-            where = {k: v for k, v in ((row_knob, rv), (col_knob, cv)) if k}
-            values = _select(records, metric, where)
-            cells.append(_cell(values))
-            if values:
-                means.append(summarize(values)[0])
-        rows.append([format_value(rv) if row else "all runs", *cells])
-    refs = {k: m[metric] for k, m in (references or {}).items() if metric in m}
-    rows += [[LABELS[kind], *(_num(value) for _ in col_values)] for kind, value in refs.items()]
-    lines = _table(header, rows)
-    if refs and means:
-        counts = []
-        if "start" in refs:
-            above = sum(m > refs["start"] for m in means)
-            counts.append(f"{above} of {len(means)} cells end above the start ({_num(refs['start'])})")
-        if "teacher" in refs:
-            reach = sum(m >= refs["teacher"] for m in means)
-            counts.append(f"{reach} of {len(means)} reach the teacher ({_num(refs['teacher'])})")
-        lines += ["; ".join(counts) + ".", ""]
-    return lines
-
-
-def _references_lines(references: dict[str, dict[str, float]], where: str) -> list[str]:
-    """What the reference rows and lines are, or one line saying the sweep has none."""
-    if not references:
-        return [
-            "No reference runs (start, teacher) in this sweep: tables and plots show the runs only.",
-            "",
-        ]
-    what = {
-        "start": "`start (step 0)` (the untouched student)",
-        "teacher": "`teacher` (the teacher in the student's place)",
-    }
-    return [
-        "References: "
-        + " and ".join(what[k] for k in references)
-        + f", each tested once as every run's final student is: same test tasks and problems (`{where}`). "
-        "They are rows of the accuracy and coverage tables and lines in the plots, not runs of the "
-        "grid: not counted above, not in `runs.csv`, not in the factor analysis.",
-        "",
-    ]
-
-
-def _by_knob(records: list[RunRecord], metrics: list[str], factors: dict[str, list]) -> list[str]:
-    order = sorted(factors, key=lambda k: k != LR)
-    rows = [
-        [f"{k}={format_value(v)}", *(_cell(_select(records, m, {k: v})) for m in metrics)]
-        for k in order
-        for v in factors[k]
-    ]
-    return _table(["setting", *metrics], rows)
+from distill.experiments.references import load_references
+from distill.experiments.tables import COL, LR, ROW, SIDE_EFFECTS, table_axes
 
 
 def _share(share) -> str:
@@ -230,7 +119,7 @@ def _within_section(
         "",
         f"The same analysis on the runs of one {by} at a time (outcomes that vary within it).",
         "",
-        *_table([by, "outcome", "runs", *others, "interactions", "seeds (residual)"], rows),
+        *tables.table([by, "outcome", "runs", *others, "interactions", "seeds (residual)"], rows),
     ]
 
 
@@ -246,7 +135,7 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
         "",
     ]
     rows = [[imp.outcome, str(imp.n_runs), *_importance_cells(imp, factors)] for imp in results]
-    lines += _table(["outcome", "runs", *factors, "interactions", "seeds (residual)"], rows)
+    lines += tables.table(["outcome", "runs", *factors, "interactions", "seeds (residual)"], rows)
     for imp in results:
         top = imp.factors[imp.largest()]
         lines.append(
@@ -264,63 +153,6 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
             "interactions: the seed share shows as 0 and whole runs are resampled."
         )
     return lines + [""]
-
-
-def _cost_section(
-    records: list[RunRecord], accuracy: str | None, row: Axis | None, col: Axis | None
-) -> list[str]:
-    costs = [m for m in COST if any(m in r.metrics for r in records)]
-    if not costs:
-        return []
-    values = [r.metrics[accuracy] for r in records if accuracy and accuracy in r.metrics]
-    point = 1.0 if values and max(values) > 1.0 else 0.01  # accuracy logged as a fraction unless > 1
-    lines = ["## Cost", ""]
-    if accuracy:
-        lines += [
-            f"Per run, mean over the runs of each cell. Cost per point: mean cost / mean {accuracy} "
-            f"in percentage points ({'values already in percent' if point == 1 else 'accuracy is a fraction'}).",
-            "",
-        ]
-    cells = [
-        {k: v for k, v in ((row[0] if row else "", rv), (col[0] if col else "", cv)) if k}
-        for rv in (row[1] if row else [None])
-        for cv in (col[1] if col else [None])
-    ]
-    header = ["cell", "runs", *costs] + ([accuracy, "FLOPs / point", "wall s / point"] if accuracy else [])
-    rows = []
-    for where in cells:
-        name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items()) or "all runs"
-        means = {m: summarize(_select(records, m, where))[0] for m in (*costs, accuracy) if m}
-        n = len(
-            [
-                r
-                for r in records
-                if all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
-            ]
-        )
-        row_cells = [name, str(n), *(_num(means[m]) for m in costs)]
-        if accuracy:
-            points = means[accuracy] / point if math.isfinite(means[accuracy]) else math.nan
-            per = {
-                m: means.get(m, math.nan) / points if points > 0 else math.inf
-                for m in ("cost/flops", "cost/wall_s")
-            }
-            row_cells += [_num(means[accuracy]), _num(per["cost/flops"]), _num(per["cost/wall_s"])]
-        rows.append(row_cells)
-    lines += _table(header, rows)
-    totals = {
-        m: sum(r.metrics.get(m, 0.0) for r in records) for m in ("cost/flops", "cost/wall_s") if m in costs
-    }
-    lines += [f"Sweep total {m}: {_num(v)}" for m, v in totals.items()]
-    return lines + [""]
-
-
-def table_axes(factors: dict[str, list]) -> tuple[Axis | None, Axis | None]:
-    """Rows and columns of the main tables: divergence x mix where they vary, else the first
-    varying knobs in their place."""
-    chosen = [k for k in (ROW, COL) if k in factors] + [k for k in factors if k not in (ROW, COL)]
-    axes = [(k, factors[k]) for k in chosen[:2]]
-    return (axes + [None, None])[0], (axes + [None, None])[1]
 
 
 def _plots(records, factors, metrics, accuracy_metrics, out: Path, references=None) -> list[Path]:
@@ -350,6 +182,80 @@ def _plots(records, factors, metrics, accuracy_metrics, out: Path, references=No
     return [p for p in paths if p is not None]
 
 
+def _header(
+    sweep_dir: Path,
+    records: list[RunRecord],
+    knobs: dict[str, list],
+    factors: dict[str, list],
+    note: list[str],
+) -> list[str]:
+    """Title, run counts, the runs left out (and why), `note` (on the references), the knob table."""
+    done = [r for r in records if r.finished]
+    lines = [f"# Sweep report: {_sweep_name(sweep_dir)}", ""]
+    lines += [
+        f"{len(done)} finished runs of {len(records)} in `{sweep_dir}`; every run is a row of `runs.csv`.",
+        "",
+    ]
+    if len(done) < len(records):
+        left_out = [r for r in records if not r.finished]
+        lines += ["Left out of every table and figure:", ""]
+        lines += [f"- `{r.name}`: {r.problem}" for r in left_out] + [""]
+        for r in left_out:
+            if r.problem != "unfinished":  # said on the terminal too: these are not mere stragglers
+                print(f"[report] left out {r.name}: {r.problem}", file=sys.stderr)
+    role = {k: "factor" if k in factors else "replicate" if k == REPLICATE else "constant" for k in knobs}
+    rows = [[k, ", ".join(map(format_value, v)), role[k]] for k, v in knobs.items()]
+    return lines + note + tables.table(["knob", "values", "role"], rows)
+
+
+def _metric_groups(metrics: list[str]) -> dict[str, list[str]]:
+    """The outcome metrics by kind: accuracy, coverage, side effects."""
+    return {
+        "accuracy": [m for m in metrics if re.fullmatch(r"test/[^/]+/accuracy", m)],
+        "coverage": [m for m in metrics if re.fullmatch(r"test/[^/]+/(pass@\d+|distinct_correct)", m)],
+        "side": [m for m in metrics if m in SIDE_EFFECTS or re.fullmatch(r"forgetting/[^/]+/delta", m)],
+    }
+
+
+def _analysis(
+    done: list[RunRecord],
+    metrics: list[str],
+    groups: dict[str, list[str]],
+    factors: dict[str, list],
+    n_boot: int,
+) -> list[str]:
+    """Factor importance (overall and within each divergence), then cost."""
+    lines: list[str] = []
+    described = groups["accuracy"] + groups["coverage"] + groups["side"]
+    # Outcomes only: diagnostics such as train/loss (different objectives) or train/grad_norm are left out.
+    outcomes = described + [m for m in metrics if m in ("train/forward_kl", "train/reverse_kl")]
+    outcomes += [m for m in metrics if m.startswith("cost/")]
+    results = importance(done, outcomes, list(factors), n_boot) if factors else []
+    if results:
+        lines += _importance_section(results, list(factors))
+        lines += _within_section(done, described, list(factors), n_boot)
+    accuracy = "test/countdown3/accuracy" if "test/countdown3/accuracy" in metrics else None
+    accuracy = accuracy or (groups["accuracy"][0] if groups["accuracy"] else None)
+    return lines + tables.cost_section(done, accuracy, *table_axes(factors))
+
+
+def _plot_section(done, factors, metrics, accuracy_metrics, out: Path, references) -> list[str]:
+    paths = _plots(done, factors, metrics, accuracy_metrics, out, references)
+    lines: list[str] = []
+    if paths:
+        note = "Error bars: std over seeds (and over any pooled knob)."
+        if references:
+            note += " Horizontal lines: the references (in a validation-accuracy panel, their test accuracy)."
+        lines += ["## Plots", "", note, ""]
+        lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
+    if not any(p.name == "training_curves.png" for p in paths):
+        lines += [
+            f"No curves {', '.join(CURVE_TAGS)} (TensorBoard events or curves.csv) found: training curves skipped.",
+            "",
+        ]
+    return lines
+
+
 def build_report(
     sweep_dir: Path,
     out: Path | None = None,
@@ -372,80 +278,21 @@ def build_report(
     if not records:
         raise FileNotFoundError(f"no run directories (with settings.json or metrics.json) in {sweep_dir}")
     done = [r for r in records if r.finished]
-    all_knobs = knob_values(records, sweep_dir)
     knobs = knob_values(done, sweep_dir)
     factors = {k: v for k, v in knobs.items() if len(v) > 1 and k != REPLICATE}
     metrics = metric_names(done)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(records, out / "runs.csv", list(all_knobs), metrics)
+    write_csv(records, out / "runs.csv", list(knob_values(records, sweep_dir)), metrics)
+    groups = _metric_groups(metrics)
 
-    accuracy_metrics = [m for m in metrics if re.fullmatch(r"test/[^/]+/accuracy", m)]
-    coverage = [m for m in metrics if re.fullmatch(r"test/[^/]+/(pass@\d+|distinct_correct)", m)]
-    side = [m for m in metrics if m in SIDE_EFFECTS or re.fullmatch(r"forgetting/[^/]+/delta", m)]
-    row, col = table_axes(factors)
-    shown = [axis[0] for axis in (row, col) if axis]
-
-    lines = [f"# Sweep report: {_sweep_name(sweep_dir)}", ""]
-    lines += [
-        f"{len(done)} finished runs of {len(records)} in `{sweep_dir}`; every run is a row of `runs.csv`.",
-        "",
-    ]
-    if len(done) < len(records):
-        left_out = [r for r in records if not r.finished]
-        lines += ["Left out of every table and figure:", ""]
-        lines += [f"- `{r.name}`: {r.problem}" for r in left_out] + [""]
-        for r in left_out:
-            if r.problem != "unfinished":  # said on the terminal too: these are not mere stragglers
-                print(f"[report] left out {r.name}: {r.problem}", file=sys.stderr)
     ref_dir = Path(references_from) if references_from is not None else sweep_dir
     references = load_references(ref_dir)
     where = "references/" if ref_dir == sweep_dir else f"{ref_dir.name}/references/"
-    lines += _references_lines(references, where)
-    role = {k: "factor" if k in factors else "replicate" if k == REPLICATE else "constant" for k in knobs}
-    lines += _table(
-        ["knob", "values", "role"], [[k, ", ".join(map(format_value, v)), role[k]] for k, v in knobs.items()]
-    )
-
-    for title, group in (("Accuracy", accuracy_metrics), ("Coverage", coverage)):
-        if group:
-            lines += [f"## {title} by {' × '.join(shown) or 'run'}", "", _pooled(factors, shown), ""]
-            for metric in group:
-                lines += [f"### {metric}", "", *_pivot(done, metric, row, col, references)]
-    if side and factors:
-        lines += ["## Forgetting, update sparsity and style by knob", ""]
-        lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]
-        lines += _by_knob(done, side, factors)
-    # Outcomes only: diagnostics such as train/loss (different objectives) or train/grad_norm are left out.
-    outcomes = (
-        accuracy_metrics
-        + coverage
-        + side
-        + [m for m in metrics if m in ("train/forward_kl", "train/reverse_kl")]
-    )
-    outcomes += [m for m in metrics if m.startswith("cost/")]
-    results = importance(done, outcomes, list(factors), n_boot) if factors else []
-    if results:
-        lines += _importance_section(results, list(factors))
-        lines += _within_section(done, accuracy_metrics + coverage + side, list(factors), n_boot)
-    main_accuracy = "test/countdown3/accuracy" if "test/countdown3/accuracy" in metrics else None
-    lines += _cost_section(
-        done, main_accuracy or (accuracy_metrics[0] if accuracy_metrics else None), row, col
-    )
+    lines = _header(sweep_dir, records, knobs, factors, tables.references_lines(references, where))
+    lines += tables.metric_tables(done, groups, factors, references)
+    lines += _analysis(done, metrics, groups, factors, n_boot)
     if with_plots and done:
-        paths = _plots(done, factors, metrics, accuracy_metrics, out / "plots", references)
-        if paths:
-            note = "Error bars: std over seeds (and over any pooled knob)."
-            if references:
-                note += (
-                    " Horizontal lines: the references (in a validation-accuracy panel, their test accuracy)."
-                )
-            lines += ["## Plots", "", note, ""]
-            lines += [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
-        if not any(p.name == "training_curves.png" for p in paths):
-            lines += [
-                f"No curves {', '.join(CURVE_TAGS)} (TensorBoard events or curves.csv) found: training curves skipped.",
-                "",
-            ]
+        lines += _plot_section(done, factors, metrics, groups["accuracy"], out / "plots", references)
     (out / "report.md").write_text("\n".join(lines))
     return out / "report.md"
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import yaml
 
 from distill.experiments import references
-from distill.experiments.spec import Run, nest
+from distill.experiments.axes import nest
+from distill.experiments.spec import Run
 from distill.rundir import METRICS, RunLock, read_status
 from distill.runinfo import write_text_atomic
 

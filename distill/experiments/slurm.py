@@ -15,12 +15,14 @@ lines run before the task, e.g. `source .venv/bin/activate`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+from distill.experiments.schema import SlurmFields, parse_fields
 from distill.experiments.spec import Run, SweepSpec
 
 OPTION_FLAGS = {  # spec key -> sbatch option
@@ -31,8 +33,6 @@ OPTION_FLAGS = {  # spec key -> sbatch option
     "mem": "--mem",
     "time": "--time",
 }
-LIST_KEYS = ("extra", "setup")
-SLURM_KEYS = (*OPTION_FLAGS, "max_parallel", *LIST_KEYS)
 
 
 def add_slurm_arguments(group: argparse._ArgumentGroup) -> None:
@@ -51,28 +51,16 @@ def add_slurm_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def slurm_options(section: dict[str, Any], args: argparse.Namespace | None = None) -> dict[str, Any]:
-    """Merge the spec's `slurm:` section with command-line flags; raises ValueError on bad keys."""
-    unknown = sorted(set(section) - set(SLURM_KEYS))
-    if unknown:
-        raise ValueError(f"slurm: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SLURM_KEYS)}")
+    """The spec's `slurm:` section with the command-line flags in `args` applied, checked against
+    `SlurmFields` (every key, missing ones None or empty); raises SpecError (a ValueError)."""
     options = dict(section)
-    for key in LIST_KEYS:
-        value = options.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"slurm.{key}: expected a list of strings, got {value!r}")
-    for key in (*OPTION_FLAGS, "max_parallel"):
-        value = options.get(key)
-        if value is not None and (isinstance(value, (bool, dict, list)) or str(value).strip() == ""):
-            raise ValueError(f"slurm.{key}: expected a string or number, got {value!r}")
     if args is not None:
         for key in (*OPTION_FLAGS, "max_parallel"):
             if getattr(args, f"slurm_{key}", None) is not None:
                 options[key] = getattr(args, f"slurm_{key}")
-        options["extra"] = list(options.get("extra", [])) + list(getattr(args, "slurm_extra", None) or [])
-    max_parallel = options.get("max_parallel")
-    if max_parallel is not None and (not str(max_parallel).isdigit() or int(max_parallel) < 1):
-        raise ValueError(f"slurm.max_parallel: expected a positive integer, got {max_parallel!r}")
-    return options
+        if getattr(args, "slurm_extra", None):
+            options["extra"] = list(options.get("extra") or []) + list(args.slurm_extra)
+    return dataclasses.asdict(parse_fields(SlurmFields, options, "slurm"))
 
 
 def task_command(

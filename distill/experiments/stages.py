@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from distill.experiments.analysis import summarize
+from distill.experiments.axes import format_value
 from distill.experiments.records import REPLICATE, RunRecord, knob_values, load_records, read_sweep_record
 from distill.experiments.rundirs import SETTINGS
-from distill.experiments.spec import format_value
 
 PREFERRED = ("divergence", "mix")
 

@@ -29,11 +29,11 @@ from typing import TextIO
 
 from distill.experiments import references, rundirs
 from distill.experiments import spec as spec_module
+from distill.experiments.records import write_sweep_record
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
 from distill.rundir import RunDirError, RunLock, read_metrics, read_status
-from distill.runinfo import write_json_atomic
 
 ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
 
@@ -82,41 +82,57 @@ class Progress:
             self.stream.flush()
 
 
-def _write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
-    record = {
-        "name": spec.name,
-        "spec": str(spec.path) if spec.path else None,
-        "base": [str(p) for p in spec.base],
-        "axes": spec.axes,
-        "overrides": spec.overrides,
-        "runs": [run.name for run in runs if not run.reference],
-        "references": [run.name for run in runs if run.reference],
-    }
-    if spec.stages:
-        # Each stage directory reads as a sweep of its own (the report's knob order comes from
-        # its axes: a chained stage's are its parents' plus its own).
-        axes: dict[str, dict] = {}
-        for stage in spec.stages:
-            axes[stage.name] = {**(axes[stage.after] if stage.after else {}), **stage.axes}
-            write_json_atomic(
-                spec.out / stage.name / "sweep.json",
-                {
-                    "name": f"{spec.name}/{stage.name}",
-                    "stage": stage.name,
-                    "after": stage.after,
-                    "base": [str(p) for p in stage.base],
-                    "axes": axes[stage.name],
-                    "overrides": stage.overrides,
-                    "runs": [run.name for run in runs if run.stage == stage.name and not run.reference],
-                    "references": [run.name for run in runs if run.stage == stage.name and run.reference],
-                },
-                sort_keys=False,
-            )
-        record["stages"] = [
-            {"name": st.name, "after": st.after, "base": [str(p) for p in st.base], "axes": st.axes}
-            for st in spec.stages
-        ]
-    write_json_atomic(spec.out / "sweep.json", record, sort_keys=False)
+@dataclass
+class _Tally:
+    """What a sweep invocation has recorded so far: the result, the status line, and the run
+    directories that will not finish in it (failed or blocked)."""
+
+    result: SweepResult
+    progress: Progress
+    lost: set[Path] = field(default_factory=set)
+
+    def fail(self, run: Run, code: int, log: Path, message: str) -> None:
+        self.lost.add(run.run_dir)
+        self.result.failed.append((run.name, code, log))
+        self.progress.failed += 1
+        self.progress.message(message)
+
+    def exited(self, run: Run, code: int, log_path: Path) -> None:
+        """Record a fit (or a reference's test) that exited with `code`."""
+        self.progress.running -= 1
+        if code == 0 and rundirs.is_done(run):
+            self.result.finished.append(run.name)
+            self.progress.done += 1
+            self.progress.show()
+            return
+        if code == 0:  # exited cleanly but never wrote a finished metrics.json
+            code = -1
+        if read_status(run.run_dir) == "diverged":
+            reason = (read_metrics(run.run_dir) or {}).get("reason", "")
+            self.fail(run, code, log_path, f"[sweep] DIVERGED {run.name}: {reason}; log: {log_path}")
+            return
+        written = references.TEST_METRICS if run.reference else "finished metrics.json"
+        why = f"no {written}" if code == -1 else f"exit code {code}"
+        self.fail(run, code, log_path, f"[sweep] FAILED {run.name} ({why}); log: {log_path}")
+
+
+def _launch(
+    spec: SweepSpec,
+    run: Run,
+    fit_prefix: Sequence[str],
+    test_prefix: Sequence[str] | None,
+    env: dict[str, str],
+) -> tuple[subprocess.Popen, Path]:
+    """Start one run (resuming or afresh) with its output in its log; raises RunDirError when its
+    run directory is held by another process."""
+    cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
+    state = rundirs.prepare_run_dir(run, spec.name)
+    log_path = run.run_dir / (rundirs.TEST_LOG if run.reference else rundirs.FIT_LOG)
+    with open(log_path, "a" if state == "resume" else "w") as log:
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return proc, log_path
 
 
 def run_sweep(
@@ -132,7 +148,7 @@ def run_sweep(
     from `fit_prefix`, see `rundirs.derive_test_prefix`)."""
     stream = sys.stdout if stream is None else stream
     result = SweepResult()
-    _write_sweep_record(spec, runs)
+    write_sweep_record(spec, runs)
     env = child_env(spec.out, jobs)
     pending = []
     for run in runs:
@@ -140,12 +156,12 @@ def run_sweep(
             result.skipped.append(run.name)
         else:
             pending.append(run)
-    progress = Progress(len(runs), stream)
+    tally = _Tally(result, Progress(len(runs), stream))
+    progress = tally.progress
     progress.done = len(result.skipped)
     if result.skipped:
         progress.message(f"[sweep] {len(result.skipped)} run(s) already finished, skipped")
     active: dict[str, tuple[subprocess.Popen, Run, Path]] = {}
-    lost: set[Path] = set()  # run dirs that will not finish in this invocation (failed or blocked)
     try:
         while pending or active:
             waiting = {r.run_dir for r in pending} | {r.run_dir for _, r, _ in active.values()}
@@ -153,60 +169,27 @@ def run_sweep(
                 if len(active) >= jobs:
                     break
                 if run.after is not None and not rundirs.is_finished(run.after):
-                    if run.after in waiting - lost:
+                    if run.after in waiting - tally.lost:
                         continue
                     pending.remove(run)
-                    lost.add(run.run_dir)
-                    log_path = run.after / rundirs.FIT_LOG
-                    result.failed.append((run.name, -2, log_path))
-                    progress.failed += 1
-                    progress.message(f"[sweep] FAILED {run.name} (its parent {run.after} did not finish)")
+                    message = f"[sweep] FAILED {run.name} (its parent {run.after} did not finish)"
+                    tally.fail(run, -2, run.after / rundirs.FIT_LOG, message)
                     continue
                 pending.remove(run)
-                cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
                 try:
-                    state = rundirs.prepare_run_dir(run, spec.name)
+                    proc, log_path = _launch(spec, run, fit_prefix, test_prefix, env)
                 except RunDirError as err:  # held by another process: left as it is
-                    lost.add(run.run_dir)
-                    result.failed.append((run.name, -3, run.run_dir / rundirs.FIT_LOG))
-                    progress.failed += 1
-                    progress.message(f"[sweep] FAILED {run.name}: {err}")
+                    tally.fail(run, -3, run.run_dir / rundirs.FIT_LOG, f"[sweep] FAILED {run.name}: {err}")
                     continue
-                log_path = run.run_dir / (rundirs.TEST_LOG if run.reference else rundirs.FIT_LOG)
-                with open(log_path, "a" if state == "resume" else "w") as log:
-                    log.write(f"$ {shlex.join(cmd)}\n")
-                    log.flush()
-                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
                 active[run.name] = (proc, run, log_path)
                 progress.running += 1
                 progress.show()
             time.sleep(POLL_S)
             for name, (proc, run, log_path) in list(active.items()):
                 code = proc.poll()
-                if code is None:
-                    continue
-                del active[name]
-                progress.running -= 1
-                if code == 0 and rundirs.is_done(run):
-                    result.finished.append(name)
-                    progress.done += 1
-                    progress.show()
-                    continue
-                if code == 0:  # exited cleanly but never wrote a finished metrics.json
-                    code = -1
-                if read_status(run.run_dir) == "diverged":
-                    result.failed.append((name, code, log_path))
-                    lost.add(run.run_dir)
-                    progress.failed += 1
-                    reason = (read_metrics(run.run_dir) or {}).get("reason", "")
-                    progress.message(f"[sweep] DIVERGED {name}: {reason}; log: {log_path}")
-                    continue
-                result.failed.append((name, code, log_path))
-                lost.add(run.run_dir)
-                progress.failed += 1
-                written = references.TEST_METRICS if run.reference else "finished metrics.json"
-                why = f"no {written}" if code == -1 else f"exit code {code}"
-                progress.message(f"[sweep] FAILED {name} ({why}); log: {log_path}")
+                if code is not None:
+                    del active[name]
+                    tally.exited(run, code, log_path)
     except BaseException:
         for proc, _, _ in active.values():  # only our own children
             proc.terminate()
@@ -254,6 +237,88 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _emit_slurm(args, spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix) -> int:
+    """`--emit-slurm`: write the job-array script; `fit_prefix`/`test_prefix`: None unless custom."""
+    if spec.stages:
+        print(
+            "distill sweep: --emit-slurm does not handle chained stages (array tasks cannot wait for "
+            "their parents); run `distill sweep SPEC --jobs N` inside one allocation instead",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        options = slurm_options(spec.slurm, args)
+        script, commands = write_slurm(spec, runs, args.emit_slurm, options, fit_prefix, test_prefix)
+    except ValueError as err:
+        print(f"distill sweep: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {script} ({len(runs)} array tasks) and {commands}; submit with: sbatch {script}")
+    return 0
+
+
+def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix) -> int:
+    """`--dry-run`: each run's state and command, then the counts."""
+    states = {kind: {"done": 0, "resume": 0, "todo": 0} for kind in ("runs", "references")}
+    try:
+        for run in runs:
+            state = rundirs.state_of(run)
+            states["references" if run.reference else "runs"][state] += 1
+            cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
+            print(f"{state:<6} {run.name}  {shlex.join(cmd)}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `distill sweep SPEC --dry-run | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    grid, ref = states["runs"], states["references"]
+    summary = (
+        f"{sum(grid.values())} runs: {grid['done']} finished (skipped), {grid['resume']} to resume, "
+        f"{grid['todo']} to start"
+    )
+    if sum(ref.values()):
+        summary += (
+            f"; {sum(ref.values())} references: {ref['done']} finished (skipped), {ref['todo']} to start"
+        )
+    print(f"{summary}; out: {spec.out}", file=sys.stderr)
+    return 0
+
+
+def _run(spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix) -> int:
+    """Run the sweep under its output directory's lock, stopping the fits on SIGTERM; a summary."""
+    try:  # one sweep per output directory at a time
+        lock = RunLock(spec.out, what="sweep output directory").acquire()
+    except RunDirError as err:
+        print(f"distill sweep: {err}", file=sys.stderr)
+        return 2
+    # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        result = run_sweep(spec, runs, jobs, fit_prefix, test_prefix=test_prefix)
+    except KeyboardInterrupt:
+        print(
+            "\n[sweep] interrupted; running fits stopped. Rerun the same command to resume.", file=sys.stderr
+        )
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        lock.release()
+    ref_names = {run.name for run in runs if run.reference}
+    failed = [name for name, _, _ in result.failed]
+    counts = {
+        is_ref: [
+            len([n for n in names if (n in ref_names) == is_ref])
+            for names in (result.finished, result.skipped, failed)
+        ]
+        for is_ref in (False, True)
+    }
+    summary = "{} finished now, {} skipped (finished before), {} failed".format(*counts[False])
+    if ref_names:  # references are not runs of the grid: counted apart
+        summary += "; references: {} finished now, {} skipped, {} failed".format(*counts[True])
+    print(f"[sweep] {spec.name}: {summary}; out: {spec.out}")
+    for name, code, log in result.failed:
+        print(f"[sweep]   failed: {name} (exit {code}); log: {log}")
+    return 1 if result.failed else 0
+
+
 def main(
     argv: list[str] | None = None,
     fit_prefix: Sequence[str] | None = None,
@@ -297,76 +362,9 @@ def main(
         print(f"distill sweep: {err}", file=sys.stderr)
         return 2
     if args.emit_slurm:
-        if spec.stages:
-            print(
-                "distill sweep: --emit-slurm does not handle chained stages (array tasks cannot wait for "
-                "their parents); run `distill sweep SPEC --jobs N` inside one allocation instead",
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            options = slurm_options(spec.slurm, args)
-            prefix = list(fit_prefix) if custom_prefix else None
-            tests = list(test_prefix) if custom_test and test_prefix is not None else None
-            script, commands = write_slurm(spec, runs, args.emit_slurm, options, prefix, tests)
-        except ValueError as err:
-            print(f"distill sweep: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {script} ({len(runs)} array tasks) and {commands}; submit with: sbatch {script}")
-        return 0
+        prefix = list(fit_prefix) if custom_prefix else None
+        tests = list(test_prefix) if custom_test and test_prefix is not None else None
+        return _emit_slurm(args, spec, runs, prefix, tests)
     if args.dry_run:
-        states = {kind: {"done": 0, "resume": 0, "todo": 0} for kind in ("runs", "references")}
-        try:
-            for run in runs:
-                state = rundirs.state_of(run)
-                states["references" if run.reference else "runs"][state] += 1
-                cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
-                print(f"{state:<6} {run.name}  {shlex.join(cmd)}")
-            sys.stdout.flush()
-        except BrokenPipeError:  # e.g. `distill sweep SPEC --dry-run | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-        grid, ref = states["runs"], states["references"]
-        summary = (
-            f"{sum(grid.values())} runs: {grid['done']} finished (skipped), {grid['resume']} to resume, "
-            f"{grid['todo']} to start"
-        )
-        if sum(ref.values()):
-            summary += (
-                f"; {sum(ref.values())} references: {ref['done']} finished (skipped), {ref['todo']} to start"
-            )
-        print(f"{summary}; out: {spec.out}", file=sys.stderr)
-        return 0
-    try:  # one sweep per output directory at a time
-        lock = RunLock(spec.out, what="sweep output directory").acquire()
-    except RunDirError as err:
-        print(f"distill sweep: {err}", file=sys.stderr)
-        return 2
-    # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        result = run_sweep(spec, runs, args.jobs, fit_prefix, test_prefix=test_prefix)
-    except KeyboardInterrupt:
-        print(
-            "\n[sweep] interrupted; running fits stopped. Rerun the same command to resume.", file=sys.stderr
-        )
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        lock.release()
-    ref_names = {run.name for run in runs if run.reference}
-    failed = [name for name, _, _ in result.failed]
-    counts = {
-        is_ref: [
-            len([n for n in names if (n in ref_names) == is_ref])
-            for names in (result.finished, result.skipped, failed)
-        ]
-        for is_ref in (False, True)
-    }
-    summary = "{} finished now, {} skipped (finished before), {} failed".format(*counts[False])
-    if ref_names:  # references are not runs of the grid: counted apart
-        summary += "; references: {} finished now, {} skipped, {} failed".format(*counts[True])
-    print(f"[sweep] {spec.name}: {summary}; out: {spec.out}")
-    for name, code, log in result.failed:
-        print(f"[sweep]   failed: {name} (exit {code}); log: {log}")
-    return 1 if result.failed else 0
+        return _dry_run(spec, runs, fit_prefix, test_prefix)
+    return _run(spec, runs, args.jobs, fit_prefix, test_prefix)

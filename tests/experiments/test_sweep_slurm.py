@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import shlex
 import subprocess
 import sys
 
+import pytest
+
 from distill.experiments import rundirs
-from distill.experiments.slurm import slurm_options
+from distill.experiments.schema import SlurmFields
+from distill.experiments.slurm import OPTION_FLAGS, slurm_options
 from distill.experiments.sweep import main
 
 
@@ -59,6 +64,9 @@ def test_bad_slurm_section_is_rejected(grid_spec, tmp_path, capsys):
         f.write("slurm: {partitions: gpu}\n")
     assert main([str(grid_spec), "--emit-slurm", str(tmp_path / "a.sh")]) == 2
     assert "slurm: unknown key(s) partitions; allowed: partition" in capsys.readouterr().err
+    assert main([str(grid_spec), "--dry-run"]) == 2  # the whole spec is checked before anything runs
+    assert "slurm: unknown key(s) partitions" in capsys.readouterr().err
+    assert not (tmp_path / "a.sh").exists()
     for section, field in [({"setup": "echo"}, "slurm.setup"), ({"max_parallel": 0}, "slurm.max_parallel")]:
         try:
             slurm_options(section)
@@ -66,3 +74,18 @@ def test_bad_slurm_section_is_rejected(grid_spec, tmp_path, capsys):
             assert field in str(err)
         else:
             raise AssertionError(f"{section} accepted")
+
+
+def test_command_line_flags_are_checked_like_the_spec_section():
+    flags = argparse.Namespace(slurm_gpus="2", slurm_time="01:00:00", slurm_max_parallel=0, slurm_extra=None)
+    with pytest.raises(ValueError, match="'slurm.max_parallel' must be a positive integer, got 0"):
+        slurm_options({"max_parallel": 4}, flags)
+    flags.slurm_max_parallel = 3
+    options = slurm_options({"gpus": 1, "time": "04:00:00", "extra": ["--qos=high"]}, flags)
+    assert options["gpus"] == "2" and options["time"] == "01:00:00" and options["max_parallel"] == 3
+    assert options["extra"] == ["--qos=high"] and options["setup"] == [] and options["partition"] is None
+
+
+def test_the_slurm_schema_has_every_option_the_script_writes():
+    keys = {f.name for f in dataclasses.fields(SlurmFields)}
+    assert keys == {*OPTION_FLAGS, "max_parallel", "extra", "setup"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -130,11 +132,48 @@ def test_bad_axes_raise_clear_errors(tmp_path, axes, match):
         ),
         ({"overrides": {"divergence": "nope"}}, "unknown value 'nope'"),
         ({"overrides": ["trainer.max_steps"]}, "'overrides' must be a mapping"),
+        ({"name": None}, r"'name' must match \[A-Za-z0-9_.-\]\+, got None"),
+        ({"base": None}, "'base' is required: the fit config file"),
+        ({"out": ""}, "'out' must be a directory, got ''"),
+        ({"out": ["a", "b"]}, r"'out' must be a directory, got \['a', 'b'\]"),
+        ({"axis": {}, "seeds": [1]}, "unknown spec key.*axis, seeds; allowed: name, base, out"),
+        ({"stages": None}, "with 'stages', put axes, base inside each stage"),
+        ({"slurm": "gpu"}, "'slurm' must be a mapping with keys partition, account"),
+        ({"slurm": {"partitions": "gpu"}}, r"slurm: unknown key\(s\) partitions; allowed: partition"),
+        ({"slurm": {"max_parallel": 0}}, "'slurm.max_parallel' must be a positive integer, got 0"),
+        ({"slurm": {"gpus": True}}, "'slurm.gpus' must be a string or number, got True"),
+        ({"slurm": {"time": ""}}, "'slurm.time' must be a string or number, got ''"),
+        ({"slurm": {"setup": "source .venv/bin/activate"}}, "'slurm.setup' must be a list of strings"),
+        (
+            {"slurm": {"extra": ["--qos=high", 1]}},
+            r"'slurm.extra' must be a list of strings, got \['--qos=high', 1\]",
+        ),
+        # jsonargparse reads a string as YAML; in a spec a quoted string stays a string
+        ({"references": "true"}, "'references' must be true, false or a list.*got 'true'"),
+        ({"slurm": {"max_parallel": "4"}}, "'slurm.max_parallel' must be a positive integer, got '4'"),
     ],
 )
 def test_bad_spec_fields(tmp_path, fields, match):
     with pytest.raises(SpecError, match=match):
         _spec(tmp_path, **fields)
+
+
+def test_spec_fields_keep_their_types_and_the_slurm_section_as_written(tmp_path):
+    spec = _spec(tmp_path, out=None, slurm={"gpus": 1, "time": "04:00:00", "extra": ["--qos=high"]})
+    assert spec.out == tmp_path / "experiments/runs/t"  # null: the default
+    assert spec.slurm == {"gpus": 1, "time": "04:00:00", "extra": ["--qos=high"]}
+    spec = _spec(tmp_path, name="1e-3", base=["a.yaml", "null"], out="true")
+    assert spec.name == "1e-3" and type(spec.name) is str
+    assert spec.base == [tmp_path / "a.yaml", tmp_path / "null"] and spec.out == tmp_path / "true"
+
+
+def test_the_format_reference_names_every_declared_key():
+    from distill.experiments import spec as module
+    from distill.experiments.schema import SpecFields, StageFields
+
+    for cls in (SpecFields, StageFields):
+        for field in dataclasses.fields(cls):
+            assert f"{field.name}:" in module.__doc__, field.name
 
 
 def test_load_spec_rejects_duplicate_yaml_keys_and_reads_1e_minus_4(tmp_path):

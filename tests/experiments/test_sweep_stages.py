@@ -73,6 +73,28 @@ def test_chained_stage_axes_multiply_and_may_set_their_own_seed(tmp_path):
             {"stages": [{"name": "a", "base": "b.yaml", "axes": {"mix": [0]}}, {"name": "r", "after": "a", "base": "c.yaml", "overrides": {"model.init_args.student": "x"}}]},
             "model.student is set to the parent's export",
         ),
+        ({"stages": None}, "'stages' must be a non-empty list of stage mappings, got None"),
+        ({"stages": {"name": "a"}}, "'stages' must be a non-empty list of stage mappings"),
+        ({"stages": ["a"]}, r"'stages\[0\]' must be a mapping with keys name, base, overrides, axes, after, got 'a'"),
+        ({"stages": [{"base": "b.yaml"}]}, r"'stages\[0\].name' is required: it must match"),
+        ({"stages": [{"name": "a b", "base": "b.yaml"}]}, r"'stages\[0\].name' must match \[A-Za-z0-9_.-\]\+, got 'a b'"),
+        ({"stages": [{"name": "a", "axes": {"mix": [0]}}]}, r"'stages\[0\].base' is required: it must be a config path"),
+        ({"stages": [{"name": "a", "base": 5}]}, r"'stages\[0\].base' must be a config path or a non-empty list of paths.*got 5"),
+        ({"stages": [{"name": "a", "base": [], "axes": {"mix": [0]}}]}, r"'stages\[0\].base' must be a config path.*got \[\]"),
+        ({"stages": [{"name": "a", "base": "b.yaml", "axes": [0]}]}, r"'stages\[0\].axes' must be a non-empty mapping.*got \[0\]"),
+        ({"stages": [{"name": "a", "base": "b.yaml", "axes": {"mix": [0]}, "overrides": "x"}]}, r"'stages\[0\].overrides' must be a mapping"),
+        (
+            {"stages": [{"name": "a", "base": "b.yaml", "axes": {"mix": [0]}}, {"name": "r", "base": "c.yaml", "after": 1}]},
+            r"'stages\[1\].after' must name an earlier stage, got 1",
+        ),
+        (
+            {"stages": [{"name": "a", "base": "b.yaml", "axes": {"mix": [0]}}, {"name": "r", "base": "c.yaml", "after": "null"}]},
+            r"'stages\[1\].after' must name an earlier stage, got 'null'",
+        ),
+        (
+            {"stages": [{"name": "a", "base": "b.yaml", "axes": {"mix": [0]}}, {"name": "r", "base": "c.yaml", "after": "a", "axes": {"lr": [0]}}]},
+            "stage 'r': axis 'lr': value 0 must be > 0",
+        ),
     ],
 )  # fmt: skip
 def test_bad_stages_raise_clear_errors(tmp_path, data, match):

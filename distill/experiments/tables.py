@@ -1,0 +1,207 @@
+"""The markdown tables of `distill report` (`distill.experiments.report`): metric pivots by two
+knobs with the reference rows, side effects by knob, the references note, and cost.
+
+Cells are mean ± sample std (n runs) over seeds and over every knob not shown (pooled).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from distill.experiments.analysis import summarize
+from distill.experiments.axes import format_value
+from distill.experiments.records import RunRecord
+from distill.experiments.references import LABELS
+
+SIDE_EFFECTS = (
+    "forgetting/mean_delta",
+    "sparsity/overall",
+    "sparsity/relative_update_norm",
+    "style/teacher_style_share",
+)
+COST = ("cost/flops", "cost/wall_s", "cost/teacher_generated_tokens", "cost/student_generated_tokens")
+ROW, COL, LR = "divergence", "mix", "lr"
+
+Axis = tuple[str, list[Any]]
+
+
+def num(value: float) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def cell(values: list[float]) -> str:
+    mean, std, n = summarize(values)
+    if n == 0:
+        return "—"
+    return f"{num(mean)} ({n})" if n == 1 else f"{num(mean)} ± {std:.2g} ({n})"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def select(records: list[RunRecord], metric: str, where: dict[str, Any]) -> list[float]:
+    return [
+        r.metrics[metric]
+        for r in records
+        if metric in r.metrics
+        and all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
+    ]
+
+
+def pooled(factors: dict[str, list], shown: list[str]) -> str:
+    others = [k for k in factors if k not in shown]
+    text = "mean ± std (n runs) over seeds"
+    return text + (f", pooled over {', '.join(others)}" if others else "") + "."
+
+
+def pivot(
+    records: list[RunRecord],
+    metric: str,
+    row: Axis | None,
+    col: Axis | None,
+    references: dict[str, dict[str, float]] | None = None,
+) -> list[str]:
+    """The metric by row knob x column knob, then a row per reference that has the metric (its one
+    value in every column) and a line counting the cells above the start and at the teacher."""
+    row_knob, row_values = row or ("", [None])
+    col_knob, col_values = col or ("", [None])
+    header = [f"{row_knob} \\ {col_knob}" if row and col else (row_knob or "all")]
+    header += [f"{col_knob}={format_value(v)}" for v in col_values] if col else [metric]
+    rows, means = [], []
+    for rv in row_values:
+        cells = []
+        for cv in col_values:
+            where = {k: v for k, v in ((row_knob, rv), (col_knob, cv)) if k}
+            values = select(records, metric, where)
+            cells.append(cell(values))
+            if values:
+                means.append(summarize(values)[0])
+        rows.append([format_value(rv) if row else "all runs", *cells])
+    refs = {k: m[metric] for k, m in (references or {}).items() if metric in m}
+    rows += [[LABELS[kind], *(num(value) for _ in col_values)] for kind, value in refs.items()]
+    lines = table(header, rows)
+    if refs and means:
+        counts = []
+        if "start" in refs:
+            above = sum(m > refs["start"] for m in means)
+            counts.append(f"{above} of {len(means)} cells end above the start ({num(refs['start'])})")
+        if "teacher" in refs:
+            reach = sum(m >= refs["teacher"] for m in means)
+            counts.append(f"{reach} of {len(means)} reach the teacher ({num(refs['teacher'])})")
+        lines += ["; ".join(counts) + ".", ""]
+    return lines
+
+
+def references_lines(references: dict[str, dict[str, float]], where: str) -> list[str]:
+    """What the reference rows and lines are, or one line saying the sweep has none."""
+    if not references:
+        return [
+            "No reference runs (start, teacher) in this sweep: tables and plots show the runs only.",
+            "",
+        ]
+    what = {
+        "start": "`start (step 0)` (the untouched student)",
+        "teacher": "`teacher` (the teacher in the student's place)",
+    }
+    return [
+        "References: "
+        + " and ".join(what[k] for k in references)
+        + f", each tested once as every run's final student is: same test tasks and problems (`{where}`). "
+        "They are rows of the accuracy and coverage tables and lines in the plots, not runs of the "
+        "grid: not counted above, not in `runs.csv`, not in the factor analysis.",
+        "",
+    ]
+
+
+def by_knob(records: list[RunRecord], metrics: list[str], factors: dict[str, list]) -> list[str]:
+    order = sorted(factors, key=lambda k: k != LR)
+    rows = [
+        [f"{k}={format_value(v)}", *(cell(select(records, m, {k: v})) for m in metrics)]
+        for k in order
+        for v in factors[k]
+    ]
+    return table(["setting", *metrics], rows)
+
+
+def cost_section(
+    records: list[RunRecord], accuracy: str | None, row: Axis | None, col: Axis | None
+) -> list[str]:
+    costs = [m for m in COST if any(m in r.metrics for r in records)]
+    if not costs:
+        return []
+    values = [r.metrics[accuracy] for r in records if accuracy and accuracy in r.metrics]
+    point = 1.0 if values and max(values) > 1.0 else 0.01  # accuracy logged as a fraction unless > 1
+    lines = ["## Cost", ""]
+    if accuracy:
+        lines += [
+            f"Per run, mean over the runs of each cell. Cost per point: mean cost / mean {accuracy} "
+            f"in percentage points ({'values already in percent' if point == 1 else 'accuracy is a fraction'}).",
+            "",
+        ]
+    cells = [
+        {k: v for k, v in ((row[0] if row else "", rv), (col[0] if col else "", cv)) if k}
+        for rv in (row[1] if row else [None])
+        for cv in (col[1] if col else [None])
+    ]
+    header = ["cell", "runs", *costs] + ([accuracy, "FLOPs / point", "wall s / point"] if accuracy else [])
+    rows = []
+    for where in cells:
+        name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items()) or "all runs"
+        means = {m: summarize(select(records, m, where))[0] for m in (*costs, accuracy) if m}
+        n = len(
+            [
+                r
+                for r in records
+                if all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
+            ]
+        )
+        row_cells = [name, str(n), *(num(means[m]) for m in costs)]
+        if accuracy:
+            points = means[accuracy] / point if math.isfinite(means[accuracy]) else math.nan
+            per = {
+                m: means.get(m, math.nan) / points if points > 0 else math.inf
+                for m in ("cost/flops", "cost/wall_s")
+            }
+            row_cells += [num(means[accuracy]), num(per["cost/flops"]), num(per["cost/wall_s"])]
+        rows.append(row_cells)
+    lines += table(header, rows)
+    totals = {
+        m: sum(r.metrics.get(m, 0.0) for r in records) for m in ("cost/flops", "cost/wall_s") if m in costs
+    }
+    lines += [f"Sweep total {m}: {num(v)}" for m, v in totals.items()]
+    return lines + [""]
+
+
+def table_axes(factors: dict[str, list]) -> tuple[Axis | None, Axis | None]:
+    """Rows and columns of the main tables: divergence x mix where they vary, else the first
+    varying knobs in their place."""
+    chosen = [k for k in (ROW, COL) if k in factors] + [k for k in factors if k not in (ROW, COL)]
+    axes = [(k, factors[k]) for k in chosen[:2]]
+    return (axes + [None, None])[0], (axes + [None, None])[1]
+
+
+def metric_tables(
+    records: list[RunRecord],
+    groups: dict[str, list[str]],
+    factors: dict[str, list],
+    references: dict[str, dict[str, float]],
+) -> list[str]:
+    """The accuracy and coverage sections (each metric by the two table knobs, with the reference
+    rows) and the side effects by knob; `groups` holds the metrics of each ('accuracy', 'coverage',
+    'side')."""
+    row, col = table_axes(factors)
+    shown = [axis[0] for axis in (row, col) if axis]
+    lines: list[str] = []
+    for title, group in (("Accuracy", groups["accuracy"]), ("Coverage", groups["coverage"])):
+        if group:
+            lines += [f"## {title} by {' × '.join(shown) or 'run'}", "", pooled(factors, shown), ""]
+            for metric in group:
+                lines += [f"### {metric}", "", *pivot(records, metric, row, col, references)]
+    if groups["side"] and factors:
+        lines += ["## Forgetting, update sparsity and style by knob", ""]
+        lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]
+        lines += by_knob(records, groups["side"], factors)
+    return lines
