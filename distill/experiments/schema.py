@@ -128,9 +128,12 @@ def _parser(cls: type) -> ArgumentParser:
 
 
 def _plain(value: Any) -> Any:
-    """jsonargparse's restricted strings (`Name`, `NotEmptyStr`) as plain `str`, also in lists."""
+    """jsonargparse's restricted types (`Name`, `NotEmptyStr`, `PositiveInt`) as plain `str`/`int`,
+    also in lists, so that no subclass reaches a YAML dump (which would tag it `!!python/object`)."""
     if isinstance(value, str):
         return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
     return [_plain(v) for v in value] if isinstance(value, list) else value
 
 

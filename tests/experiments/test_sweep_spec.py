@@ -162,6 +162,10 @@ def test_spec_fields_keep_their_types_and_the_slurm_section_as_written(tmp_path)
     spec = _spec(tmp_path, out=None, slurm={"gpus": 1, "time": "04:00:00", "extra": ["--qos=high"]})
     assert spec.out == tmp_path / "experiments/runs/t"  # null: the default
     assert spec.slurm == {"gpus": 1, "time": "04:00:00", "extra": ["--qos=high"]}
+    spec = _spec(tmp_path, slurm={"max_parallel": 4, "partition": "gpu"})
+    # plain types (no jsonargparse subclass), so the section dumps as plain YAML
+    assert yaml.safe_dump(spec.slurm) == "max_parallel: 4\npartition: gpu\n"
+    assert type(spec.slurm["max_parallel"]) is int
     spec = _spec(tmp_path, name="1e-3", base=["a.yaml", "null"], out="true")
     assert spec.name == "1e-3" and type(spec.name) is str
     assert spec.base == [tmp_path / "a.yaml", tmp_path / "null"] and spec.out == tmp_path / "true"
