@@ -29,7 +29,9 @@ class UpdateSparsity(L.Callback):
     """Compare the student's trainable parameters with their values θ0 when fitting started.
 
     Logs `sparsity/overall` (fraction of entries with |θ - θ0| <= atol, compared in float32),
-    `sparsity/exact_zero` (fraction with θ == θ0 exactly), `sparsity/<type>` per module type
+    `sparsity/exact_zero` (fraction with θ == θ0 exactly), `sparsity/bf16_unchanged` (fraction equal
+    once θ and θ0 are both rounded to bfloat16: the reading of a model kept in bf16, the paper's
+    setting; in float32 AdamW moves nearly every entry), `sparsity/<type>` per module type
     (attention, mlp, embedding, norm, other; see `distill.metrics.module_type`),
     `sparsity/relative_update_norm` (‖θ - θ0‖ / ‖θ0‖ over all trainable entries) and, with a
     TensorBoard logger, the per-tensor fractions as the histogram `sparsity/per_tensor`. Measured
@@ -148,6 +150,7 @@ class UpdateSparsity(L.Callback):
         metrics = {
             "sparsity/overall": report.overall,
             "sparsity/exact_zero": report.exact_zero,
+            "sparsity/bf16_unchanged": report.bf16_unchanged,
             "sparsity/relative_update_norm": report.relative_update_norm,
         }
         metrics |= {f"sparsity/{group}": share for group, share in report.per_module_type.items()}

@@ -61,6 +61,7 @@ class UpdateCounts(NamedTuple):
     numel: int
     sq_diff_sum: float  # sum of (after - before)^2
     sq_before_sum: float  # sum of before^2
+    num_equal_bf16: int = 0  # entries equal once both sides are rounded to bfloat16
 
     def __add__(self, other: UpdateCounts) -> UpdateCounts:  # type: ignore[override]
         return UpdateCounts(*(a + b for a, b in zip(self, other)))
@@ -90,7 +91,7 @@ def tensor_update_counts(
             f"{name!r} must be floating on both sides, got {before.dtype} before and {after.dtype} after"
         )
     flat_before, flat_after = before.reshape(-1), after.reshape(-1)
-    within = equal = 0
+    within = equal = equal_bf16 = 0
     sq_diff = sq_before = 0.0
     for start in range(0, flat_after.numel(), chunk_numel):
         a = flat_after[start : start + chunk_numel].to(torch.float32)
@@ -98,9 +99,10 @@ def tensor_update_counts(
         diff = a - b
         within += int((diff.abs() <= atol).sum())
         equal += int((a == b).sum())
+        equal_bf16 += int((a.to(torch.bfloat16) == b.to(torch.bfloat16)).sum())
         sq_diff += float(diff.square().sum())
         sq_before += float(b.square().sum())
-    return UpdateCounts(within, equal, flat_after.numel(), sq_diff, sq_before)
+    return UpdateCounts(within, equal, flat_after.numel(), sq_diff, sq_before, equal_bf16)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class SparsityReport:
     overall: float  # fraction of entries with |after - before| <= atol
     per_tensor: dict[str, float]  # name -> that fraction within the tensor
     exact_zero: float  # fraction of entries with after == before exactly
+    bf16_unchanged: (
+        float  # fraction equal once before and after are rounded to bfloat16 (the paper's reading)
+    )
     per_module_type: dict[str, float]  # module type (see `module_type`) -> fraction; present types only
     relative_update_norm: float  # ||after - before|| / ||before|| over all compared tensors
     numel: int  # entries compared
@@ -170,6 +175,7 @@ def update_sparsity(
         overall=_share(totals.num_within_atol, totals.numel),
         per_tensor=per_tensor,
         exact_zero=_share(totals.num_exact_equal, totals.numel),
+        bf16_unchanged=_share(totals.num_equal_bf16, totals.numel),
         per_module_type={
             g: _share(by_type[g].num_within_atol, by_type[g].numel) for g in MODULE_TYPES if g in by_type
         },

@@ -194,8 +194,8 @@ def test_tensor_update_counts_fields():
     before = torch.tensor([0.0, 1.0, 2.0, 3.0])
     after = torch.tensor([0.0, 1.0 + 1e-6, 2.5, 1.0])
     counts = tensor_update_counts(before, after, atol=1e-5)
-    assert counts == UpdateCounts(2, 1, 4, pytest.approx(0.25 + 4 + 1e-12), pytest.approx(14.0))
-    assert counts + counts == UpdateCounts(4, 2, 8, pytest.approx(8.5), pytest.approx(28.0))
+    assert counts == UpdateCounts(2, 1, 4, pytest.approx(0.25 + 4 + 1e-12), pytest.approx(14.0), 2)
+    assert counts + counts == UpdateCounts(4, 2, 8, pytest.approx(8.5), pytest.approx(28.0), 4)
 
 
 def test_errors_name_the_problem():
@@ -214,3 +214,17 @@ def test_errors_name_the_problem():
         update_sparsity(a, a, chunk_numel=0)
     with pytest.raises(ValueError, match="no floating-point tensors"):
         update_sparsity({}, {})
+
+
+def test_bf16_reading_counts_updates_that_rounding_to_bfloat16_hides():
+    # Entries near 1.0: bfloat16 keeps 8 bits of mantissa, so steps below 2**-9 round away.
+    before = {"w": torch.ones(1000)}
+    after = {"w": torch.ones(1000)}
+    after["w"][:300] += 1e-4  # a small AdamW-sized step: changed in float32, not in bfloat16
+    after["w"][300:400] += 0.25  # a large step: changed in both
+    report = update_sparsity(before, after, atol=0.0)
+    assert report.exact_zero == pytest.approx(0.6)
+    assert report.bf16_unchanged == pytest.approx(0.9)
+    # independent reading: round both sides, compare
+    rounded = (before["w"].bfloat16() == after["w"].bfloat16()).float().mean()
+    assert report.bf16_unchanged == pytest.approx(float(rounded))
