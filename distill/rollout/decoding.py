@@ -8,6 +8,7 @@ the sampler's granularities differ.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: 
     probability reaches `top_p` (always at least one token). `temperature` must be > 0 here; greedy
     decoding (temperature 0) takes the argmax of the raw logits instead.
     """
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1 else logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -97,15 +98,20 @@ def counter(position: int, purpose: str) -> int:
     return _signed(mix64_int((position * len(PURPOSES) + PURPOSES[purpose] + 1) * _GOLDEN))
 
 
-def keyed_uniform(keys: Tensor, position: int, purpose: str) -> Tensor:
-    """U[0, 1) float64 per row, a pure function of (the row's key, `position`, `purpose`).
+def keyed_uniforms(keys: Tensor, positions: Sequence[int], purpose: str) -> Tensor:
+    """U[0, 1) float64, [len(positions), rows]: a pure function of (row key, position, `purpose`).
 
     Two SplitMix64 rounds over the key and the counter c: `mix64(mix64(key ^ c) + c)`; the top 53
     bits of the result, times 2**-53, are the uniform (every value k / 2**53, k < 2**53).
     """
-    c = counter(position, purpose)
-    bits = mix64(mix64(keys ^ c) + c)
+    c = torch.tensor([counter(p, purpose) for p in positions], dtype=torch.int64, device=keys.device)[:, None]
+    bits = mix64(mix64(keys[None, :] ^ c) + c)
     return _shr(bits, 11).double() * 2.0**-53
+
+
+def keyed_uniform(keys: Tensor, position: int, purpose: str) -> Tensor:
+    """`keyed_uniforms` at one position: shape [rows]."""
+    return keyed_uniforms(keys, [position], purpose)[0]
 
 
 def _diverged() -> Diverged:
@@ -125,7 +131,7 @@ def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
     """
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
-    if not bool(torch.isfinite(total).all()):
+    if not math.isfinite(float(total.sum())):  # one reduction and one sync per step
         raise _diverged()
     # u < 1 and the float64 product rounds below the total, so the index stays < V.
     return torch.searchsorted(cdf, uniforms[:, None] * total, right=True).squeeze(-1)
@@ -144,15 +150,25 @@ class RowStreams:
     (`torch.multinomial`, `torch.rand`), as when nothing needs to be reproduced per row.
 
     The decode loop calls `at(position)` before each step; a rule then draws with `uniform` and
-    `categorical`, each purpose at most once per step.
+    `categorical`, each purpose at most once per step. Keyed uniforms are hashed for `BLOCK`
+    positions at a time and kept, so a step costs one lookup, not a dozen small int64 kernels.
     """
 
-    def __init__(self, keys: Tensor | None, shared: torch.Generator | None = None, position: int = 0):
+    BLOCK = 32
+
+    def __init__(
+        self,
+        keys: Tensor | None,
+        shared: torch.Generator | None = None,
+        position: int = 0,
+        tables: dict | None = None,
+    ):
         if (keys is None) == (shared is None):
             raise ValueError("RowStreams needs either per-row keys or one shared generator")
         self.keys = keys
         self.shared = shared
         self.position = position
+        self._tables = {} if tables is None else tables  # (purpose, block) -> [BLOCK, rows]
 
     @classmethod
     def per_row(cls, seeds: Sequence[int], device: torch.device) -> RowStreams:
@@ -164,7 +180,7 @@ class RowStreams:
 
     def at(self, position: int) -> RowStreams:
         """These streams at decode `position` (the shared generator just continues)."""
-        return RowStreams(self.keys, self.shared, position)
+        return RowStreams(self.keys, self.shared, position, self._tables)
 
     def subset(self, rows: Sequence[int]) -> RowStreams:
         if self.keys is None:
@@ -177,7 +193,13 @@ class RowStreams:
             return torch.rand(n, generator=self.shared, device=self.shared.device)
         if n != self.keys.shape[0]:
             raise ValueError(f"{self.keys.shape[0]} keyed rows, but {n} draws were asked for")
-        return keyed_uniform(self.keys, self.position, purpose)
+        block, offset = divmod(self.position, self.BLOCK)
+        table = self._tables.get((purpose, block))
+        if table is None:
+            start = block * self.BLOCK
+            table = keyed_uniforms(self.keys, range(start, start + self.BLOCK), purpose)
+            self._tables[(purpose, block)] = table
+        return table[offset]
 
     def categorical(self, probs: Tensor, purpose: str = "token") -> Tensor:
         """One sample per row of `probs` [n, V]; `Diverged` if they are not finite (on the shared

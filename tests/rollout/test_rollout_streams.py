@@ -94,7 +94,7 @@ def test_row_draws_independent_of_batch_and_position():
     alone = RowStreams.per_row([7], CPU)
     for seeds, row in (([7, 1, 2], 0), ([3, 7], 1), ([5, 6, 8, 9, 10, 7, 11], 5)):
         mates = RowStreams.per_row(seeds, CPU)
-        for position in (0, 1, 17):
+        for position in (0, 1, 17, 31, 32, 70):  # across the blocks that RowStreams hashes at once
             for purpose in PURPOSES:
                 batch_probs = probs.repeat(len(seeds), 1)
                 ours = mates.at(position).categorical(batch_probs, purpose)[row]
@@ -103,6 +103,13 @@ def test_row_draws_independent_of_batch_and_position():
                     1, purpose
                 )
         assert torch.equal(mates.subset([row]).keys, alone.keys)
+    # Looked-up uniforms are the direct hash of (key, position, purpose).
+    keys = RowStreams.per_row([7, 8], CPU)
+    for position in (40, 3, 63, 64):
+        for purpose in PURPOSES:
+            assert torch.equal(
+                keys.at(position).uniform(2, purpose), keyed_uniform(keys.keys, position, purpose)
+            )
 
 
 def test_inverse_cdf_matches_probabilities():
