@@ -50,7 +50,8 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: 
 # 1: one torch.Generator per row (torch.multinomial / torch.rand); 2: the counter-based hash below.
 SAMPLER_VERSION = 2
 
-# What a draw is for; part of the hashed counter, so each purpose has its own stream.
+# What a draw is for; part of the hashed counter, so each purpose has its own stream. Adding one
+# changes every counter (their count is the stride): bump SAMPLER_VERSION then.
 PURPOSES = {"token": 0, "mix": 1, "replacement": 2}
 
 _MASK64 = (1 << 64) - 1
