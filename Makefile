@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench demo sweep-tiny sweep-paper-llama sweep-paper-qwen report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode demo sweep-tiny sweep-paper-llama sweep-paper-qwen report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -30,6 +30,9 @@ tiny-world: ## install the CPU tiny world v2 (teacher, student, teacher-es) from
 
 bench: ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
 	$(BIN)/python benchmarks/losses.py
+
+bench-decode: ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing (needs make tiny-world)
+	$(BIN)/python benchmarks/decode.py
 
 demo: ## tiny world (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
 	$(BIN)/distill tiny-world

@@ -6,7 +6,9 @@ so only a per-row key lets a sweep (every λ, every learning rate) reuse what on
 
 A key hashes the teacher's identity, the prompt ids (padding removed), the row's occurrence
 index among identical prompts in its batch (so repeated prompts get distinct samples), the
-sampling settings and the seed (omitted under greedy decoding, where it has no effect).
+sampling settings, the seed (omitted under greedy decoding, where it has no effect) and
+`SAMPLER_VERSION`: a new sampling scheme draws different tokens from the same seed, so entries
+written by an older sampler must not be served (greedy entries are recomputed once too).
 
 Writes are atomic: a temp file in the same directory, flushed and fsync'ed, then `os.replace`d
 onto the entry's name, so an interrupted write leaves at most a temp file, which is never read.
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from distill.rollout.decoding import SAMPLER_VERSION
 from distill.runinfo import write_json_atomic
 
 # How many evenly spaced elements of each sampled parameter enter the fingerprint.
@@ -60,6 +63,7 @@ def row_key(identity: str, prompt_ids: list[int], occurrence: int, settings: dic
             "occurrence": occurrence,
             "settings": settings,
             "seed": seed,
+            "sampler": SAMPLER_VERSION,
         },
         sort_keys=True,
         separators=(",", ":"),

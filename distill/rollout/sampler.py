@@ -60,13 +60,8 @@ class _Call:
 
     @property
     def decode_kwargs(self) -> dict:
-        max_new = self.settings["max_new_tokens"]
-        return dict(
-            vocab_size=self.vocab,
-            max_new_tokens=max_new,
-            eos_token_ids=self.eos_ids,
-            pad_token_id=self.pad_id,
-        )
+        max_new, eos, pad = self.settings["max_new_tokens"], self.eos_ids, self.pad_id
+        return dict(vocab_size=self.vocab, max_new_tokens=max_new, eos_token_ids=eos, pad_token_id=pad)
 
 
 class RolloutSampler:
@@ -180,10 +175,12 @@ class RolloutSampler:
 
         Randomness: batch-level choices (the batch coin, the sequence permutation) use
         `generator` if given, else a generator seeded from `seed` and the batch's prompts, else
-        torch's global RNG. Per-token sampling with a `seed` uses one generator per row seeded
-        from (seed, prompt row, its occurrence among identical prompts in the batch, the
-        sampling settings), so a row's rollout does not depend on its batch-mates (this is what
-        makes teacher rows cacheable); without a seed it draws from `generator` / the global RNG.
+        torch's global RNG. Per-token draws with a `seed` are keyed per row by a row seed hashed
+        from (seed, role, prompt row, its occurrence among identical prompts in the batch, the
+        sampling settings) and come from a counter-based hash of (row seed, decode position,
+        purpose) (`decoding.RowStreams`), so a row's rollout does not depend on its batch-mates
+        (this is what makes teacher rows cacheable); without a seed they come from one generator
+        drawn from `generator` / the global RNG.
 
         Both models run under `torch.no_grad()` in eval mode, and get their previous modes back.
         The models must be on the device of `input_ids`.
@@ -238,8 +235,8 @@ class RolloutSampler:
         )
 
     def _streams(self, call: _Call, role: str, rows: Sequence[int]) -> RowStreams:
-        """Per-row streams seeded by (seed, role, prompt, occurrence, settings) when seeded; else
-        one shared stream drawn from the batch generator (or the global RNG)."""
+        """Per-row keyed streams seeded by (seed, role, prompt, occurrence, settings) when seeded;
+        else one shared stream drawn from the batch generator (or the global RNG)."""
         if call.seed is not None:
             seeds = [
                 derive_seed(call.seed, role, call.prompts[i], call.occurrence[i], call.settings) for i in rows
@@ -305,8 +302,8 @@ class RolloutSampler:
         n = math.floor(self.mix * b + 0.5)
         return sorted(torch.randperm(b, generator=generator, device=device)[:n].tolist())
 
-    def _choose(self, logits: Tensor, streams: RowStreams) -> Tensor:
-        return choose_tokens(logits, streams, self.temperature, self.top_k, self.top_p)
+    def _choose(self, logits: Tensor, streams: RowStreams, purpose: str = "token") -> Tensor:
+        return choose_tokens(logits, streams, self.temperature, self.top_k, self.top_p, purpose)
 
     def _single_rule(self, teacher: bool) -> StepRule:
         def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
@@ -318,9 +315,9 @@ class RolloutSampler:
     def _token_rule(self) -> StepRule:
         def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
             student, teacher = logits
-            pick_teacher = streams.uniform(student.shape[0], student.device) < self.mix
-            t_tokens, s_tokens = self._choose(teacher, streams), self._choose(student, streams)
-            return torch.where(pick_teacher, t_tokens, s_tokens), pick_teacher
+            pick_teacher = streams.uniform(student.shape[0], "mix") < self.mix
+            # Filtering is per row, so sampling each row from its writer's logits is the mixture.
+            return self._choose(torch.where(pick_teacher[:, None], teacher, student), streams), pick_teacher
 
         return rule
 
@@ -331,7 +328,7 @@ class RolloutSampler:
             student, teacher = logits
             proposal = self._choose(student, streams)
             accepted = (teacher.topk(k, dim=-1).indices == proposal[:, None]).any(dim=-1)
-            replacement = self._choose(teacher, streams)
+            replacement = self._choose(teacher, streams, "replacement")
             return torch.where(accepted, proposal, replacement), ~accepted
 
         return rule
@@ -340,19 +337,13 @@ class RolloutSampler:
 
     def _special_ids(self, student: nn.Module, teacher: nn.Module) -> tuple[list[int], int]:
         eos = self.eos_token_id or model_token_id(student, teacher, "eos_token_id")
-        pad = (
-            self.pad_token_id
-            if self.pad_token_id is not None
-            else model_token_id(student, teacher, "pad_token_id")
-        )
-        if eos is None:
-            raise ValueError(
-                "eos_token_id is unset: pass it to RolloutSampler or set it in the models' generation_config"
-            )
-        if pad is None:
-            raise ValueError(
-                "pad_token_id is unset: pass it to RolloutSampler or set it in the models' generation_config"
-            )
+        pad = self.pad_token_id
+        pad = model_token_id(student, teacher, "pad_token_id") if pad is None else pad
+        for name, value in (("eos_token_id", eos), ("pad_token_id", pad)):
+            if value is None:
+                raise ValueError(
+                    f"{name} is unset: pass it to RolloutSampler or set it in the models' generation_config"
+                )
         eos = [eos] if _is_int(eos) else list(eos)
         pad = pad[0] if isinstance(pad, (list, tuple)) else pad
         return [int(e) for e in eos], int(pad)
@@ -375,20 +366,13 @@ class RolloutSampler:
 
     @staticmethod
     def _assemble(call: _Call, seconds: float) -> RolloutBatch:
-        input_ids, mask, rows, by_teacher, pad_id = (
-            call.input_ids,
-            call.mask,
-            call.rows,
-            call.by_teacher,
-            call.pad_id,
-        )
-        fwd, cached = call.forward_tokens, call.cached
+        input_ids, mask, fwd = call.input_ids, call.mask, call.forward_tokens
         b, p = input_ids.shape
-        n = max(len(r) for r in rows)
-        gen = torch.full((b, n), pad_id, dtype=input_ids.dtype)
+        n = max(len(r) for r in call.rows)
+        gen = torch.full((b, n), call.pad_id, dtype=input_ids.dtype)
         written = torch.zeros(b, n, dtype=torch.bool)
         teacher = torch.zeros(b, n, dtype=torch.bool)
-        for i, (r, t) in enumerate(zip(rows, by_teacher)):
+        for i, (r, t) in enumerate(zip(call.rows, call.by_teacher)):
             gen[i, : len(r)] = torch.tensor(r, dtype=input_ids.dtype)
             written[i, : len(r)] = True
             teacher[i, : len(t)] = torch.tensor(t, dtype=torch.bool)
@@ -407,5 +391,5 @@ class RolloutSampler:
             teacher_forward_tokens=fwd["teacher"],
             student_forward_tokens=fwd["student"],
             rollout_seconds=seconds,
-            cached_teacher_rows=cached,
+            cached_teacher_rows=call.cached,
         )

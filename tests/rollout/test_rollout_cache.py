@@ -1,14 +1,19 @@
-"""Teacher-rollout cache: reuse across samplers, misses on changed settings, atomic writes."""
+"""Teacher-rollout cache: reuse across samplers, misses on changed settings or sampler, atomic writes."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 import pytest
 import torch
 
+import distill.rollout.cache as cache_module
+import distill.rollout.sampler as sampler_module
 from distill.rollout import RolloutCache, RolloutSampler, teacher_identity
+from distill.rollout.cache import row_key
+from distill.rollout.decoding import SAMPLER_VERSION
 
 SETTINGS = dict(max_new_tokens=8, vocab_size=100)  # the char tokenizer's vocabulary
 
@@ -145,3 +150,40 @@ def test_cache_dir_from_environment(monkeypatch, tmp_path):
     assert RolloutSampler(0.5).cache.directory == tmp_path
     monkeypatch.delenv("DISTILL_ROLLOUT_CACHE")
     assert RolloutSampler(0.5).cache is None
+
+
+def version_1_key(identity, prompt_ids, occurrence, settings, seed) -> str:
+    """`row_key` as the per-row-generator sampler (sampler version 1) built it: no version field."""
+    blob = {"teacher": identity, "prompt": prompt_ids, "occurrence": occurrence, "settings": settings}
+    blob = json.dumps({**blob, "seed": seed}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def test_entries_of_the_old_sampler_are_not_served(tmp_path, student, teacher, prompts, monkeypatch):
+    """Seeded tokens changed with the sampling scheme, so a cache filled by the old sampler (keys
+    without a sampler version) must miss: plant such entries with marker tokens and sample."""
+    seen = []
+    monkeypatch.setattr(sampler_module, "row_key", lambda *a: seen.append(a) or row_key(*a))
+    sampler = RolloutSampler(1.0, "sequence", cache_dir=str(tmp_path / "new"), **SETTINGS)
+    fresh = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
+    assert len(seen) == 3
+    old = RolloutCache(tmp_path / "old")
+    for args in seen:
+        assert version_1_key(*args) != row_key(*args)
+        old.put(version_1_key(*args), [7, 7, 7])
+    sampler.cache = old
+    calls = count_calls(teacher)
+    batch = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
+    assert calls[0] > 0 and batch.cached_teacher_rows == 0
+    assert torch.equal(batch.input_ids, fresh.input_ids)
+    # The same planted entries are served when the key scheme is the old one (the test has teeth).
+    monkeypatch.setattr(sampler_module, "row_key", version_1_key)
+    stale = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
+    assert stale.cached_teacher_rows == 3 and stale.completion_ids() == [[7, 7, 7]] * 3
+
+
+def test_sampler_version_enters_the_key(monkeypatch):
+    args = ("t@0", [1, 2], 0, {"temperature": 1.0}, 3)
+    current = row_key(*args)
+    monkeypatch.setattr(cache_module, "SAMPLER_VERSION", SAMPLER_VERSION + 1)
+    assert row_key(*args) != current

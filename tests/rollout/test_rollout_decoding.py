@@ -1,4 +1,4 @@
-"""Decoding helpers: logit filtering against Hugging Face's warpers, random streams, mode handling."""
+"""Decoding helpers: logit filtering against Hugging Face's warpers, the shared stream, mode handling."""
 
 from __future__ import annotations
 
@@ -45,22 +45,13 @@ def test_top_p_keeps_smallest_set_reaching_p():
     assert kept.tolist() == [[True, True, True, False]]
 
 
-def test_per_row_streams_independent_of_batch_mates():
-    probs = torch.full((3, 40), 1 / 40)
-    together = RowStreams.per_row([1, 2, 3], torch.device("cpu"))
-    alone = RowStreams.per_row([3], torch.device("cpu"))
-    draws = [together.categorical(probs) for _ in range(5)]
-    solo = [alone.categorical(probs[:1]) for _ in range(5)]
-    assert [int(d[2]) for d in draws] == [int(s[0]) for s in solo]
-    assert together.subset([2]).generators[0] is together.generators[2]
-
-
-def test_categorical_draws_follow_probabilities():
+def test_shared_stream_draws_follow_probabilities():
+    """The unseeded path (one generator for the batch); the keyed path is tested in test_rollout_streams."""
     probs = torch.tensor([[0.7, 0.2, 0.1, 0.0]]).repeat(4000, 1)
     draws = RowStreams.shared_from(0, torch.device("cpu")).categorical(probs)
     freq = torch.bincount(draws, minlength=4).float() / 4000
     torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1, 0.0]), atol=0.03, rtol=0)
-    u = RowStreams.shared_from(1, torch.device("cpu")).uniform(4000, torch.device("cpu"))
+    u = RowStreams.shared_from(1, torch.device("cpu")).uniform(4000)
     assert abs(float((u < 0.3).float().mean()) - 0.3) < 0.03
 
 
