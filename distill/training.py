@@ -166,9 +166,10 @@ class RatioOfSums(Metric):
 
 class EvalFigures:
     """Mixin (before `L.LightningModule`) for a module whose `_evaluate(batch, prefix)` scores an
-    evaluation batch (prefix "val" or "test") and calls `eval_figure(name, numerator, denominator)`; at the epoch's end each figure is logged once as its ratio of sums
-    over all batches and ranks (torchmetrics syncs the sums), then reset. A KL is thus the mean over
-    every completion token of the epoch, not a mean of per-batch means."""
+    evaluation batch (prefix "val" or "test") and calls `eval_figure(name, numerator, denominator)`.
+    At the epoch's end each figure of that stage is logged once as its ratio of sums over all
+    batches and ranks (torchmetrics syncs the sums), then dropped. A KL is thus the mean over every
+    completion token of the epoch, not a mean of per-batch means."""
 
     def eval_figure(self, name: str, numerator: Tensor, denominator: Tensor | float) -> None:
         figures = self.__dict__.setdefault("_eval_figures", {})  # plain dict: not in state_dict
@@ -176,10 +177,12 @@ class EvalFigures:
             figures[name] = RatioOfSums().to(numerator.device)
         figures[name].update(numerator, torch.as_tensor(denominator, device=numerator.device))
 
-    def _log_eval_figures(self) -> None:
-        for name, figure in sorted(self.__dict__.get("_eval_figures", {}).items()):
-            self.log(name, figure.compute().float(), add_dataloader_idx=False)
-            figure.reset()
+    def _log_eval_figures(self, prefix: str) -> None:
+        """Log the figures of the stage that ends (`prefix`: "val" or "test") and drop them, so the
+        next epoch starts from nothing and never re-logs another stage's figures."""
+        figures = self.__dict__.get("_eval_figures", {})
+        for name in sorted(n for n in figures if n.startswith(f"{prefix}/")):
+            self.log(name, figures.pop(name).compute().float(), add_dataloader_idx=False)
 
     def _evaluate(self, batch: dict, prefix: str) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define _evaluate(batch, prefix)")
@@ -191,7 +194,7 @@ class EvalFigures:
         self._evaluate(batch, "test")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_eval_figures()
+        self._log_eval_figures("val")
 
     def on_test_epoch_end(self) -> None:
-        self._log_eval_figures()
+        self._log_eval_figures("test")

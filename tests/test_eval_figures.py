@@ -21,17 +21,23 @@ class _Scorer(EvalFigures, L.LightningModule):
     def val_dataloader(self):
         return torch.utils.data.DataLoader(torch.tensor(BATCHES), batch_size=1)
 
-    def validation_step(self, batch, batch_idx):
+    def test_dataloader(self):
+        return torch.utils.data.DataLoader(torch.tensor(BATCHES[:1]), batch_size=1)
+
+    def _evaluate(self, batch, prefix):
         correct, rows, kl, tokens = batch[0]
-        self.eval_figure("val/task/accuracy", correct, rows)
-        self.eval_figure("val/task/forward_kl", kl, tokens)
+        self.eval_figure(f"{prefix}/task/accuracy", correct, rows)
+        self.eval_figure(f"{prefix}/task/forward_kl", kl, tokens)
+
+
+def _trainer(tmp_path):
+    return L.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path
+    )
 
 
 def _validate(module, tmp_path):
-    trainer = L.Trainer(
-        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path
-    )
-    return trainer.validate(module, verbose=False)[0]
+    return _trainer(tmp_path).validate(module, verbose=False)[0]
 
 
 def test_figures_are_ratios_of_sums_over_the_epoch(tmp_path):
@@ -39,9 +45,16 @@ def test_figures_are_ratios_of_sums_over_the_epoch(tmp_path):
     first = _validate(module, tmp_path)
     assert first["val/task/accuracy"] == pytest.approx(8 / 13)  # the mean of batch means is 0.458
     assert first["val/task/forward_kl"] == pytest.approx(12 / 42)  # per token, not per batch
-    # reset after logging: a second epoch reports the same, not the sum of both
+    # dropped after logging: a second epoch reports the same, not the sum of both
     assert _validate(module, tmp_path) == pytest.approx(first)
     assert not any("eval_figures" in k or "numerator" in k for k in module.state_dict())
+
+
+def test_a_stage_logs_only_its_own_figures(tmp_path):
+    module, trainer = _Scorer(), _trainer(tmp_path)
+    trainer.validate(module, verbose=False)
+    tested = trainer.test(module, verbose=False)[0]
+    assert tested == pytest.approx({"test/task/accuracy": 3 / 4, "test/task/forward_kl": 2 / 10})
 
 
 def test_ratio_of_sums_is_zero_when_nothing_was_counted():
