@@ -23,6 +23,7 @@ model is loaded with one line naming the field, the value and what to do.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import warnings
@@ -37,6 +38,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.data import RolloutDataModule
 from distill.errors import Diverged
+from distill.experiments.axes import knobs_of
 from distill.rundir import (
     LAST_CKPT,
     METRICS,
@@ -216,6 +218,7 @@ class DistillCLI(LightningCLI):
             guard = getattr(self.model, "guard", None)
             if guard is not None:  # the stopping step raised before it could be logged
                 metrics["train/nonfinite_steps"] = float(guard.skipped)
+            self._log_hparams(metrics)
             self._write_metrics(run_dir, metrics, status="diverged", reason=str(err))
             print(f"distill fit: run diverged: {err}", file=sys.stderr)
             raise SystemExit(EXIT_DIVERGED) from None
@@ -232,8 +235,26 @@ class DistillCLI(LightningCLI):
         for callback in self.trainer.callbacks:
             if hasattr(callback, "summary"):
                 metrics |= callback.summary()
+        self._log_hparams(metrics)
         self._write_metrics(run_dir, metrics, status="finished")
         return metrics
+
+    def _log_hparams(self, metrics: dict) -> None:
+        """The run's knobs and final figures to TensorBoard's HParams dashboard, so TensorBoard over
+        a sweep compares runs by knob. The figures go under `final/<name>` (at step 0): the curves
+        under their own names are not touched."""
+        logger = self.trainer.logger
+        if not isinstance(logger, TensorBoardLogger):
+            return
+        knobs = knobs_of(self.record.config)
+        knobs["model"] = str(self.record.config.get("model", {}).get("class_path", "")).rsplit(".", 1)[-1]
+        knobs["max_steps"] = self.trainer.max_steps
+        params = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in knobs.items()}
+        finals = {
+            f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
+        }
+        logger.log_hyperparams(params, metrics=finals)
+        logger.experiment.flush()
 
     def _write_metrics(self, run_dir: Path, metrics: dict, status: str, reason: str | None = None) -> None:
         strict, nonfinite = finite_metrics(metrics)

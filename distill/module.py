@@ -177,7 +177,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         timings["student_forward_backward"] += time.perf_counter() - t0
-        self._log_step(rollout, means, grad_norm, optimizer)
+        self._log_step(batch, means, grad_norm, optimizer)
         real_tokens = int(rollout.attention_mask.sum())  # both models read every real token once
         cost = StepCost(
             student_train_tokens=real_tokens,
@@ -235,7 +235,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             del student, teacher, stats
         return StepMeans(*(sums / num_items.clamp(min=1))), num_items, timings
 
-    def _log_step(self, rollout, means: StepMeans, grad_norm, optimizer) -> None:
+    def _log_step(self, batch: dict, means: StepMeans, grad_norm, optimizer) -> None:
+        rollout = batch["rollout"]
         for name, value in vars(means).items():
             self.log(f"train/{name}", value, prog_bar=name in ("loss", "forward_kl", "reverse_kl"))
         lengths = rollout.completion_mask.sum(-1).float()
@@ -246,8 +247,19 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/nonfinite_steps", float(self.guard.skipped))
         every = self.hparams.log_text_every
         if every and (self.global_step - 1) % every == 0:
-            texts = rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
-            log_texts(self, "rollouts", texts, header="teacher-written spans in ⟦ ⟧\n\n")
+            n = self.hparams.num_text_samples
+            rendered = rollout.render(self.tokenizer)[:n]
+            task, rows = get_task(batch["task"]), batch["rows"][:n]
+            scores = [
+                task.score(text, row) for text, row in zip(rollout.completions(self.tokenizer)[:n], rows)
+            ]
+            texts = [f"[score {score:g}] {text}" for score, text in zip(scores, rendered)]
+            log_texts(
+                self,
+                "rollouts",
+                texts,
+                header="verifier score, then the rollout; teacher-written spans in ⟦ ⟧\n\n",
+            )
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict, prefix: str) -> None:

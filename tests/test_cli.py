@@ -130,6 +130,8 @@ def test_unknown_command_and_help(capsys):
 @pytest.mark.slow
 def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    from tensorboard.util import tensor_util
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.chdir(ROOT)
@@ -157,6 +159,18 @@ def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, m
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     assert {"train/loss", "train/forward_kl", "train/reverse_kl"} <= set(events.Tags()["scalars"])
+    # the HParams dashboard: the knobs under their sweep names, the final figures under final/
+    start = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
+    assert hparams["mix"].number_value == 0.5 and hparams["divergence"].string_value == "reverse_kl"
+    assert hparams["lr"].number_value == config["model"]["init_args"]["optimizer"]["init_args"]["lr"]
+    assert hparams["model"].string_value == "DistillationModule" and hparams["seed"].number_value == 0
+    final = events.Scalars("final/val/countdown3/accuracy")
+    assert [e.value for e in final] == [pytest.approx(metrics["val/countdown3/accuracy"])]
+    # rollout text: each completion's verifier score beside the teacher-written spans
+    (text,) = [e for e in events.Tensors("rollouts/text_summary")][:1]
+    logged = tensor_util.make_ndarray(text.tensor_proto).item().decode()
+    assert "[score 0] " in logged or "[score 1] " in logged
     assert AutoModelForCausalLM.from_pretrained(run / "student") is not None
     assert len(AutoTokenizer.from_pretrained(run / "student")) == 104
     ckpt = __import__("torch").load(run / "checkpoints" / "last.ckpt", weights_only=False)

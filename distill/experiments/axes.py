@@ -56,6 +56,34 @@ SHORTHANDS: dict[str, Shorthand] = {
 PATH_TO_SHORTHAND = {s.path: name for name, s in SHORTHANDS.items()}
 
 
+def knobs_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The shorthand knobs a resolved fit config (as `config.yaml` holds it) sets, by shorthand
+    name, e.g. ``{"mix": 0.5, "divergence": "reverse_kl", "lr": 0.001, "seed": 0, ...}``; a knob the
+    config lacks (a GRPO run has no divergence) is left out. `distill fit` logs them to
+    TensorBoard's HParams dashboard, under the names the sweeps and the report use."""
+    class_paths = {path: name for name, path in DIVERGENCES.items()}
+    knobs = {}
+    for name, short in SHORTHANDS.items():
+        parts = short.path.split(".")
+        if parts[0] == "model":  # the model is a class_path entry: its options are init_args
+            parts = ["model", "init_args", *parts[1:]]
+        node: Any = config
+        for part in parts:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None or (short.null and _has_path(config, parts)):
+            knobs[name] = class_paths.get(node, node) if name == "divergence" else node
+    return knobs
+
+
+def _has_path(config: dict[str, Any], parts: list[str]) -> bool:
+    node: Any = config
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def check_value(axis: str, name: str, value: Any) -> None:
     """Raise SpecError unless `value` is allowed for the shorthand `name` (written `axis`)."""
     rule = SHORTHANDS[name]
