@@ -50,6 +50,7 @@ from distill.experiments import stages, tables
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance
 from distill.experiments.archive import ArchiveError, archive
 from distill.experiments.axes import format_value
+from distill.experiments.effects import effect_metrics, effects_section
 from distill.experiments.records import (
     CURVE_TAGS,
     REPLICATE,
@@ -290,6 +291,7 @@ def build_report(
     where = "references/" if ref_dir == sweep_dir else f"{ref_dir.name}/references/"
     lines = _header(sweep_dir, records, knobs, factors, tables.references_lines(references, where))
     lines += tables.metric_tables(done, groups, factors, references)
+    lines += effects_section(done, effect_metrics(groups), factors, n_boot)
     lines += _analysis(done, metrics, groups, factors, n_boot)
     if with_plots and done:
         lines += _plot_section(done, factors, metrics, groups["accuracy"], out / "plots", references)

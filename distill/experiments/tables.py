@@ -1,12 +1,16 @@
 """The markdown tables of `distill report` (`distill.experiments.report`): metric pivots by two
 knobs with the reference rows, side effects by knob, the references note, and cost.
 
-Cells are mean ± sample std (n runs) over seeds and over every knob not shown (pooled).
+Cells are mean ± sample std (n runs) over seeds and over every knob not shown (pooled). Shares
+(accuracies, pass@k, sparsity, style share, forgetting) are in percent with one decimal; any other
+metric has one number of decimals per table, from its largest value. The best cell of an accuracy
+or coverage table is bold.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from distill.experiments.analysis import summarize
@@ -17,6 +21,7 @@ from distill.experiments.references import LABELS
 SIDE_EFFECTS = (
     "forgetting/mean_delta",
     "sparsity/overall",
+    "sparsity/bf16_unchanged",
     "sparsity/relative_update_norm",
     "style/teacher_style_share",
 )
@@ -26,15 +31,44 @@ ROW, COL, LR = "divergence", "mix", "lr"
 Axis = tuple[str, list[Any]]
 
 
+# Fractions in [0, 1] (or their differences) shown in percent.
+SHARES = re.compile(
+    r"/accuracy$|/pass@\d+$|^style/teacher_style_share$|^forgetting/|^sparsity/(?!relative_update_norm)"
+)
+
+
+def is_share(metric: str) -> bool:
+    return bool(SHARES.search(metric))
+
+
 def num(value: float) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
-def cell(values: list[float]) -> str:
+def decimals(metric: str, values: list[float]) -> int:
+    """Decimals for a column: 1 for shares (in percent); else three significant digits of the
+    largest finite magnitude."""
+    if is_share(metric):
+        return 1
+    finite = [abs(v) for v in values if v is not None and math.isfinite(v) and v != 0]
+    return max(0, 2 - math.floor(math.log10(max(finite)))) if finite else 3
+
+
+def fixed(value: float, metric: str, places: int) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value * 100 if is_share(metric) else value:.{places}f}"
+
+
+def cell(values: list[float], metric: str = "", places: int | None = None, bold: bool = False) -> str:
+    """mean ± std (n) of `values`; `metric` sets the unit (percent for shares), `places` the
+    decimals (default: from the values themselves)."""
     mean, std, n = summarize(values)
     if n == 0:
         return "—"
-    return f"{num(mean)} ({n})" if n == 1 else f"{num(mean)} ± {std:.2g} ({n})"
+    places = decimals(metric, [mean]) if places is None else places
+    text = fixed(mean, metric, places) + ("" if n == 1 else f" ± {fixed(std, metric, places)}") + f" ({n})"
+    return f"**{text}**" if bold else text
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -63,34 +97,51 @@ def pivot(
     row: Axis | None,
     col: Axis | None,
     references: dict[str, dict[str, float]] | None = None,
+    best_is_max: bool = False,
 ) -> list[str]:
     """The metric by row knob x column knob, then a row per reference that has the metric (its one
-    value in every column) and a line counting the cells above the start and at the teacher."""
+    value in every column) and a line counting the cells above the start and at the teacher.
+    `best_is_max`: the cell with the highest mean is bold (none on a tie)."""
     row_knob, row_values = row or ("", [None])
     col_knob, col_values = col or ("", [None])
     header = [f"{row_knob} \\ {col_knob}" if row and col else (row_knob or "all")]
     header += [f"{col_knob}={format_value(v)}" for v in col_values] if col else [metric]
-    rows, means = [], []
-    for rv in row_values:
-        cells = []
-        for cv in col_values:
-            where = {k: v for k, v in ((row_knob, rv), (col_knob, cv)) if k}
-            values = select(records, metric, where)
-            cells.append(cell(values))
-            if values:
-                means.append(summarize(values)[0])
-        rows.append([format_value(rv) if row else "all runs", *cells])
+    grid = [
+        [
+            select(records, metric, {k: v for k, v in ((row_knob, rv), (col_knob, cv)) if k})
+            for cv in col_values
+        ]
+        for rv in row_values
+    ]
+    means = [summarize(values)[0] for line in grid for values in line if summarize(values)[2]]
     refs = {k: m[metric] for k, m in (references or {}).items() if metric in m}
-    rows += [[LABELS[kind], *(num(value) for _ in col_values)] for kind, value in refs.items()]
+    places = decimals(metric, means + list(refs.values()))
+    best = max(means) if means and best_is_max else None
+    if best is not None and means.count(best) > 1:  # a tie (e.g. all 0) marks nothing
+        best = None
+    rows = []
+    for rv, line in zip(row_values, grid):
+        cells = [
+            cell(v, metric, places, bold=best is not None and summarize(v)[2] > 0 and summarize(v)[0] == best)
+            for v in line
+        ]
+        rows.append([format_value(rv) if row else "all runs", *cells])
+    rows += [
+        [LABELS[kind], *(fixed(value, metric, places) for _ in col_values)] for kind, value in refs.items()
+    ]
     lines = table(header, rows)
     if refs and means:
         counts = []
         if "start" in refs:
             above = sum(m > refs["start"] for m in means)
-            counts.append(f"{above} of {len(means)} cells end above the start ({num(refs['start'])})")
+            counts.append(
+                f"{above} of {len(means)} cells end above the start ({fixed(refs['start'], metric, places)})"
+            )
         if "teacher" in refs:
             reach = sum(m >= refs["teacher"] for m in means)
-            counts.append(f"{reach} of {len(means)} reach the teacher ({num(refs['teacher'])})")
+            counts.append(
+                f"{reach} of {len(means)} reach the teacher ({fixed(refs['teacher'], metric, places)})"
+            )
         lines += ["; ".join(counts) + ".", ""]
     return lines
 
@@ -118,12 +169,13 @@ def references_lines(references: dict[str, dict[str, float]], where: str) -> lis
 
 def by_knob(records: list[RunRecord], metrics: list[str], factors: dict[str, list]) -> list[str]:
     order = sorted(factors, key=lambda k: k != LR)
+    places = {m: decimals(m, select(records, m, {})) for m in metrics}
     rows = [
-        [f"{k}={format_value(v)}", *(cell(select(records, m, {k: v})) for m in metrics)]
+        [f"{k}={format_value(v)}", *(cell(select(records, m, {k: v}), m, places[m]) for m in metrics)]
         for k in order
         for v in factors[k]
     ]
-    return table(["setting", *metrics], rows)
+    return table(["setting", *(f"{m} (%)" if is_share(m) else m for m in metrics)], rows)
 
 
 def cost_section(
@@ -199,7 +251,11 @@ def metric_tables(
         if group:
             lines += [f"## {title} by {' × '.join(shown) or 'run'}", "", pooled(factors, shown), ""]
             for metric in group:
-                lines += [f"### {metric}", "", *pivot(records, metric, row, col, references)]
+                lines += [
+                    f"### {metric}",
+                    "",
+                    *pivot(records, metric, row, col, references, best_is_max=True),
+                ]
     if groups["side"] and factors:
         lines += ["## Forgetting, update sparsity and style by knob", ""]
         lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]

@@ -229,9 +229,10 @@ def test_report_shows_the_references_as_rows_notes_and_lines(
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "4 finished runs of 4" in text and "References: `start (step 0)`" in text
     table = text.split("### test/countdown3/accuracy", 1)[1].split("###", 1)[0]
-    assert "| start (step 0) | 0.05 |" in table and "| teacher | 0.8 |" in table
+    assert "| start (step 0) | 5.0 |" in table and "| teacher | 80.0 |" in table  # accuracies in percent
     # the fake fit scores mix / 2 + 0.1: both cells (0.1, 0.35) end above the start, none at the teacher
-    assert "2 of 2 cells end above the start (0.05); 0 of 2 reach the teacher (0.8)." in table
+    assert "2 of 2 cells end above the start (5.0); 0 of 2 reach the teacher (80.0)." in table
+    assert "| 0.5 | **35.0 ± 0.0 (2)** |" in table  # the best cell is bold
     assert "No reference runs" not in text
     (panel,) = legends["vs_mix_test_countdown3_accuracy.png"]
     assert panel[-2:] == ["start (step 0)", "teacher"]
@@ -290,7 +291,7 @@ def test_staged_sweep_runs_the_references_in_its_first_stage(tmp_path, fake_fit,
     # every stage's report compares with the first stage's references
     for stage in ("distill", "grpo"):
         text = (runs / "report" / stage / "report.md").read_text()
-        assert "| start (step 0) | 0.05 |" in text
+        assert "| start (step 0) | 5.0 |" in text
     assert "`distill/references/`" in (runs / "report" / "grpo" / "report.md").read_text()
 
 

@@ -128,9 +128,13 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
         "## Accuracy by divergence × mix",
         "### test/countdown4/accuracy",
         "## Coverage",
+        "## Effects",
         "## Cost",
     ):
         assert heading in text
+    assert re.search(
+        r"\| test/countdown3/accuracy \| mix=0 − mix=1 \| divergence=forward_kl \| [+-]\d+\.\d pp \|", text
+    )
     assert "pooled over lr" in text and "| lr=1e-4 |" in text
     assert "- test/countdown3/accuracy: largest main effect **divergence** (99% of" in text
     assert "- forgetting/mean_delta: largest main effect **lr** (100% of" in text
@@ -144,7 +148,7 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
         for r in load_records(sweep)
         if r.finished and r.settings["divergence"] == "jsd" and r.settings["mix"] == 0.5
     ]
-    expected = f"{np.mean(cell):.4g} ± {np.std(cell, ddof=1):.2g} ({len(cell)})"
+    expected = f"{100 * np.mean(cell):.1f} ± {100 * np.std(cell, ddof=1):.1f} ({len(cell)})"  # percent
     assert re.search(rf"\| jsd \|[^\n]*{re.escape(expected)}", text)
     # cost per accuracy point: FLOPs / (100 x accuracy) in the forward_kl, mix=0 cell
     cell = [

@@ -1,0 +1,176 @@
+"""Effect sizes for the contrasts the study's claims are about, with bootstrap intervals.
+
+A contrast compares two values of one knob (`a` and `b`, e.g. mix 0 against mix 1), optionally
+within one value of another knob (e.g. within forward KL), pooled over everything else. Runs of
+`a` and `b` are paired when they share every other setting (learning rate, seed, ...): the effect
+is then the mean of the paired differences, and its percentile bootstrap interval resamples the
+pairs. Runs without a partner are left out; with no pairs at all (an unbalanced sweep) the effect
+is the difference of the two means and each side is resampled on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from distill.experiments.axes import format_value
+from distill.experiments.records import RunRecord
+from distill.experiments.tables import is_share, table
+
+
+@dataclass(frozen=True)
+class Effect:
+    """mean(metric | knob=a) - mean(metric | knob=b), within `within` (knob, value) if set."""
+
+    metric: str
+    knob: str
+    a: Any
+    b: Any
+    within: tuple[str, Any] | None
+    difference: float
+    low: float
+    high: float
+    n: int  # pairs, or runs of the smaller side when unpaired
+    paired: bool
+
+    @property
+    def clear(self) -> bool:
+        """Whether the interval excludes 0."""
+        return self.low > 0 or self.high < 0
+
+
+def _key(record: RunRecord, skip: set[str]) -> tuple:
+    return tuple(sorted((k, format_value(v)) for k, v in record.settings.items() if k not in skip))
+
+
+def _matches(record: RunRecord, knob: str, value: Any) -> bool:
+    return knob in record.settings and format_value(record.settings[knob]) == format_value(value)
+
+
+def difference_interval(
+    a: np.ndarray, b: np.ndarray, paired: bool, n_boot: int, level: float, seed: int
+) -> tuple[float, float, float]:
+    """(mean(a - b) or mean(a) - mean(b), low, high): the percentile bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    tail = (1 - level) / 2 * 100
+    if paired:
+        d = a - b
+        boot = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
+        point = float(d.mean())
+    else:
+        boot = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1) - b[
+            rng.integers(0, b.size, size=(n_boot, b.size))
+        ].mean(axis=1)
+        point = float(a.mean() - b.mean())
+    low, high = np.percentile(boot, [tail, 100 - tail])
+    return point, float(low), float(high)
+
+
+def contrast(
+    records: list[RunRecord],
+    metric: str,
+    knob: str,
+    a: Any,
+    b: Any,
+    within: tuple[str, Any] | None = None,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Effect | None:
+    """The effect of `knob` = `a` against `b` on `metric` (None when either side has no finite
+    value)."""
+    runs = [r for r in records if within is None or _matches(r, *within)]
+    runs = [r for r in runs if metric in r.metrics and math.isfinite(r.metrics[metric])]
+    side_a = {_key(r, {knob}): r.metrics[metric] for r in runs if _matches(r, knob, a)}
+    side_b = {_key(r, {knob}): r.metrics[metric] for r in runs if _matches(r, knob, b)}
+    if not side_a or not side_b:
+        return None
+    shared = sorted(set(side_a) & set(side_b))
+    if shared:
+        x = np.array([side_a[k] for k in shared])
+        y = np.array([side_b[k] for k in shared])
+    else:
+        x, y = np.array(list(side_a.values())), np.array(list(side_b.values()))
+    diff, low, high = difference_interval(x, y, bool(shared), n_boot, level, seed)
+    n = len(shared) if shared else min(len(side_a), len(side_b))
+    return Effect(metric, knob, a, b, within, diff, low, high, n, bool(shared))
+
+
+def study_contrasts(factors: dict[str, list]) -> list[tuple[str, Any, Any, tuple[str, Any] | None]]:
+    """The contrasts of the paper's claims that a sweep's knobs allow, as (knob, a, b, within):
+    on- against off-policy (the lowest mix against the highest) within each divergence; forward
+    against reverse KL within the lowest and the highest mix; the highest learning rate against the
+    lowest, pooled."""
+    out: list[tuple[str, Any, Any, tuple[str, Any] | None]] = []
+    mixes = sorted(factors.get("mix", []))
+    divergences = list(factors.get("divergence", []))
+    if len(mixes) > 1:
+        for div in divergences or [None]:
+            out.append(("mix", mixes[0], mixes[-1], None if div is None else ("divergence", div)))
+    if {"forward_kl", "reverse_kl"} <= set(divergences):
+        ends = [mixes[0], mixes[-1]] if len(mixes) > 1 else [None]
+        for mix in ends:
+            out.append(("divergence", "forward_kl", "reverse_kl", None if mix is None else ("mix", mix)))
+    lrs = sorted(factors.get("lr", []))
+    if len(lrs) > 1:
+        out.append(("lr", lrs[-1], lrs[0], None))
+    return out
+
+
+def _points(x: float) -> str:
+    """Percentage points: one decimal, or two significant digits below 0.1 pp."""
+    return f"{x:+.1f}" if abs(x) >= 0.1 or x == 0 else f"{x:+.2g}"
+
+
+def _effect_cells(effect: Effect, metric: str) -> tuple[str, str]:
+    if is_share(metric):
+        d, lo, hi = (100 * v for v in (effect.difference, effect.low, effect.high))
+        return f"{_points(d)} pp", f"[{_points(lo)}, {_points(hi)}]"
+    return f"{effect.difference:+.3g}", f"[{effect.low:+.3g}, {effect.high:+.3g}]"
+
+
+def effect_metrics(groups: dict[str, list[str]]) -> list[str]:
+    """The outcomes the effects table covers: test accuracies, pass@k at the largest k of each
+    test set, and the side effects."""
+    coverage = {}
+    for metric in groups["coverage"]:
+        head, _, tail = metric.rpartition("/pass@")
+        if tail.isdigit() and int(tail) > int(coverage.get(head, "0")):
+            coverage[head] = tail
+    return groups["accuracy"] + [f"{h}/pass@{k}" for h, k in coverage.items()] + groups["side"]
+
+
+def effects_section(
+    records: list[RunRecord], metrics: list[str], factors: dict[str, list], n_boot: int
+) -> list[str]:
+    """The report's effect-size table: every study contrast on every metric given."""
+    rows = []
+    for knob, a, b, within in study_contrasts(factors):
+        for metric in metrics:
+            effect = contrast(records, metric, knob, a, b, within, n_boot=n_boot)
+            if effect is None or effect.low == effect.high == 0:  # e.g. 0 in every run: nothing to say
+                continue
+            where = "all runs" if within is None else f"{within[0]}={format_value(within[1])}"
+            pairs = f"{effect.n} pairs" if effect.paired else f"{effect.n} runs (unpaired)"
+            rows.append(
+                [
+                    metric,
+                    f"{knob}={format_value(a)} − {knob}={format_value(b)}",
+                    where,
+                    *_effect_cells(effect, metric),
+                    pairs + (" ✱" if effect.clear else ""),
+                ]
+            )
+    if not rows:
+        return []
+    intro = (
+        "Difference of means for the contrasts the study's claims are about, run for run: runs of the "
+        "two sides that share every other setting (learning rate, seed, ...) are paired, and the interval "
+        "is a percentile bootstrap 95 % interval over the pairs (pp: percentage points). ✱: the interval "
+        "excludes 0. Contrasts whose two sides are equal in every pair (e.g. 0 % everywhere) are left out."
+    )
+    header = ["outcome", "contrast", "within", "effect", "95 % interval", "n"]
+    return ["## Effects", "", intro, "", *table(header, rows)]

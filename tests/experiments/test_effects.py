@@ -1,0 +1,83 @@
+"""Effect sizes: paired differences over the runs that share every other setting, percentile
+bootstrap intervals, the unpaired fallback, and the contrasts chosen from a sweep's knobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distill.experiments.effects import contrast, difference_interval, study_contrasts
+from distill.experiments.records import RunRecord
+
+
+def _run(value, **settings):
+    name = ",".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    return RunRecord(name, Path(name), True, settings, {"acc": value})
+
+
+def _grid(effect_of_mix0):
+    """mix {0, 1} x lr {1, 2} x seed {0, 1, 2} x divergence {f, r}; mix 0 adds `effect_of_mix0`
+    under forward KL only, plus seed noise shared by the two mixes of a pair."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for div in ("forward_kl", "reverse_kl"):
+        for lr in (1, 2):
+            for seed in (0, 1, 2):
+                noise = float(rng.normal(0, 0.1))
+                for mix in (0, 1):
+                    shift = effect_of_mix0 if (mix == 0 and div == "forward_kl") else 0.0
+                    runs.append(
+                        _run(0.5 + 0.05 * lr + noise + shift, mix=mix, lr=lr, seed=seed, divergence=div)
+                    )
+    return runs
+
+
+def test_paired_effect_is_the_mean_paired_difference_with_a_tight_interval():
+    runs = _grid(0.2)
+    effect = contrast(runs, "acc", "mix", 0, 1, within=("divergence", "forward_kl"))
+    assert effect.paired and effect.n == 6
+    assert effect.difference == pytest.approx(0.2)  # the noise is shared within a pair
+    assert effect.low == pytest.approx(0.2) and effect.high == pytest.approx(0.2) and effect.clear
+    null = contrast(runs, "acc", "mix", 0, 1, within=("divergence", "reverse_kl"))
+    assert null.difference == pytest.approx(0.0, abs=1e-12) and not null.clear
+
+
+def test_bootstrap_interval_against_a_direct_resampling():
+    a, b = np.array([1.0, 2.0, 4.0, 7.0]), np.array([0.5, 1.0, 1.0, 2.0])
+    point, low, high = difference_interval(a, b, paired=True, n_boot=4000, level=0.9, seed=3)
+    rng = np.random.default_rng(3)
+    d = a - b
+    boot = d[rng.integers(0, 4, size=(4000, 4))].mean(axis=1)
+    assert point == pytest.approx(d.mean())
+    assert (low, high) == pytest.approx(tuple(np.percentile(boot, [5, 95])))
+    assert low < point < high
+
+
+def test_runs_without_a_partner_fall_back_to_unpaired():
+    runs = [_run(v, mix=0, seed=s) for v, s in ((1.0, 0), (3.0, 1))]
+    runs += [_run(v, mix=1, seed=s) for v, s in ((0.0, 5), (1.0, 6), (2.0, 7))]
+    effect = contrast(runs, "acc", "mix", 0, 1, n_boot=500)
+    assert not effect.paired and effect.n == 2
+    assert effect.difference == pytest.approx(2.0 - 1.0)
+    assert effect.low <= effect.difference <= effect.high
+
+
+def test_a_side_without_values_gives_no_effect():
+    runs = [_run(1.0, mix=0, seed=0), _run(float("nan"), mix=1, seed=0)]
+    assert contrast(runs, "acc", "mix", 0, 1) is None
+    assert contrast(runs, "missing", "mix", 0, 1) is None
+
+
+def test_study_contrasts_follow_the_knobs_present():
+    factors = {"mix": [0.5, 0, 1], "divergence": ["forward_kl", "reverse_kl"], "lr": [3e-4, 1e-4, 1e-3]}
+    assert study_contrasts(factors) == [
+        ("mix", 0, 1, ("divergence", "forward_kl")),
+        ("mix", 0, 1, ("divergence", "reverse_kl")),
+        ("divergence", "forward_kl", "reverse_kl", ("mix", 0)),
+        ("divergence", "forward_kl", "reverse_kl", ("mix", 1)),
+        ("lr", 1e-3, 1e-4, None),
+    ]
+    assert study_contrasts({"mix": [0, 1]}) == [("mix", 0, 1, None)]
+    assert study_contrasts({"seed": [0, 1]}) == []
