@@ -134,13 +134,14 @@ def _effect_cells(effect: Effect, metric: str) -> tuple[str, str]:
 
 def effect_metrics(groups: dict[str, list[str]]) -> list[str]:
     """The outcomes the effects table covers: test accuracies, pass@k at the largest k of each
-    test set, and the side effects."""
+    test set, the side effects and the logit-gradient norms."""
     coverage = {}
     for metric in groups["coverage"]:
         head, _, tail = metric.rpartition("/pass@")
         if tail.isdigit() and int(tail) > int(coverage.get(head, "0")):
             coverage[head] = tail
-    return groups["accuracy"] + [f"{h}/pass@{k}" for h, k in coverage.items()] + groups["side"]
+    best_k = [f"{h}/pass@{k}" for h, k in coverage.items()]
+    return groups["accuracy"] + best_k + groups["side"] + groups.get("gradient", [])
 
 
 def effects_section(

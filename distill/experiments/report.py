@@ -63,7 +63,7 @@ from distill.experiments.records import (
 )
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import load_references
-from distill.experiments.tables import COL, LR, ROW, SIDE_EFFECTS, table_axes
+from distill.experiments.tables import COL, GRADIENT, LR, ROW, SIDE_EFFECTS, table_axes
 
 
 def _share(share) -> str:
@@ -178,6 +178,11 @@ def _plots(records, factors, metrics, accuracy_metrics, out: Path, references=No
         paths += [
             plots.accuracy_vs_mix(records, m, mix, lines, panels, out, references) for m in accuracy_metrics
         ]
+        paths.append(
+            plots.against_knob(
+                records, [m for m in GRADIENT if m in metrics], mix, lines, out, "gradient_vs_mix"
+            )
+        )
     group = [axis[0] for axis in (row, col) if axis]
     paths.append(plots.training_curves(records, group, CURVE_TAGS, out, references))
     return [p for p in paths if p is not None]
@@ -215,6 +220,7 @@ def _metric_groups(metrics: list[str]) -> dict[str, list[str]]:
         "accuracy": [m for m in metrics if re.fullmatch(r"test/[^/]+/accuracy", m)],
         "coverage": [m for m in metrics if re.fullmatch(r"test/[^/]+/(pass@\d+|distinct_correct)", m)],
         "side": [m for m in metrics if m in SIDE_EFFECTS or re.fullmatch(r"forgetting/[^/]+/delta", m)],
+        "gradient": [m for m in GRADIENT if m in metrics],
     }
 
 

@@ -25,6 +25,10 @@ SIDE_EFFECTS = (
     "sparsity/relative_update_norm",
     "style/teacher_style_share",
 )
+# GradientStats: mean squared norm of the loss gradient w.r.t. one token's logits, over all
+# completion tokens and by who wrote the token (the paper's Theorem C.1 bounds the forward-KL one
+# whatever the rollout policy).
+GRADIENT = ("grad/logit_sq_norm", "grad/logit_sq_norm_teacher_tokens", "grad/logit_sq_norm_student_tokens")
 COST = ("cost/flops", "cost/wall_s", "cost/teacher_generated_tokens", "cost/student_generated_tokens")
 ROW, COL, LR = "divergence", "mix", "lr"
 
@@ -256,6 +260,16 @@ def metric_tables(
                     "",
                     *pivot(records, metric, row, col, references, best_is_max=True),
                 ]
+    if groups.get("gradient") and row and col:
+        lines += [f"## Logit-gradient squared norm per token by {' × '.join(shown)}", ""]
+        lines += [
+            "‖∂ℓ_t/∂z_t‖² averaged over completion tokens (GradientStats), over all tokens and by who "
+            "wrote them. The paper's Theorem C.1 bounds its expectation for forward KL independently of "
+            "the rollout policy; reverse KL has no such bound. " + pooled(factors, shown),
+            "",
+        ]
+        for metric in groups["gradient"]:
+            lines += [f"### {metric}", "", *pivot(records, metric, row, col)]
     if groups["side"] and factors:
         lines += ["## Forgetting, update sparsity and style by knob", ""]
         lines += ["Each row fixes one knob value: mean ± std (n runs) over seeds and all other knobs.", ""]

@@ -29,6 +29,8 @@ def _metrics(div, mix, lr, rng):
         "test/countdown3/pass@4": 0.3 + 0.4 * mix + 0.01 * rng.normal(),  # planted: mix
         "forgetting/mean_delta": -0.3 * math.log10(lr / 1e-4) + 0.01 * rng.normal(),  # planted: lr
         "sparsity/overall": 0.9 - 0.5 * (lr == 1e-3) + 0.01 * rng.normal(),  # planted: lr
+        # planted: bounded for forward KL whatever the mix, growing with the mix for reverse KL
+        "grad/logit_sq_norm": (1.0 if div == "forward_kl" else 1.0 + 3.0 * mix) + 0.01 * rng.normal(),
         "cost/flops": 1e12 * (1 + mix),
         "cost/wall_s": 10.0 + rng.random(),
         "task/constant": 1.0,
@@ -129,9 +131,21 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
         "### test/countdown4/accuracy",
         "## Coverage",
         "## Effects",
+        "## Logit-gradient squared norm per token by divergence × mix",
         "## Cost",
     ):
         assert heading in text
+    effects = {
+        div: re.search(
+            rf"\| grad/logit_sq_norm \| mix=0 − mix=1 \| divergence={div} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
+            text,
+        )
+        for div in ("forward_kl", "reverse_kl")
+    }
+    assert float(effects["reverse_kl"].group(1)) == pytest.approx(-3.0, abs=0.05) and "✱" in effects[
+        "reverse_kl"
+    ].group(3)
+    assert abs(float(effects["forward_kl"].group(1))) < 0.05
     assert re.search(
         r"\| test/countdown3/accuracy \| mix=0 − mix=1 \| divergence=forward_kl \| [+-]\d+\.\d pp \|", text
     )
@@ -164,6 +178,7 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
     plots = sorted(p.name for p in (out / "plots").iterdir())
     assert "heatmap_test_countdown3_accuracy.png" in plots and "vs_lr.png" in plots
     assert "vs_mix_test_countdown4_accuracy.png" in plots and "training_curves.png" not in plots
+    assert "gradient_vs_mix.png" in plots
     for name in plots:
         data = (out / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
