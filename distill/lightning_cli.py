@@ -57,6 +57,12 @@ from distill.rundir import (
 )
 from distill.runinfo import environment, write_json_atomic, write_text_atomic
 
+# Checkpoints are written after the optimiser step on purpose (a resume continues from the state
+# the next step starts from, exactly); Lightning warns about that under manual optimisation.
+warnings.filterwarnings(
+    "ignore", message=r".*ModelCheckpoint with manual optimization and every_n_train_steps.*"
+)
+
 EXIT_DIVERGED = 3
 
 

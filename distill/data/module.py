@@ -35,13 +35,16 @@ warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that en
 class PromptCollator:
     """Rows -> left-padded prompt tensors (plain prompt, or the tokenizer's chat template)."""
 
-    def __init__(self, tokenizer, chat_template: bool):
+    def __init__(self, tokenizer, chat_template: bool, chat_template_kwargs: dict | None = None):
         self.tokenizer, self.chat_template = tokenizer, chat_template
+        self.template_kwargs = dict(chat_template_kwargs or {})
 
     def __call__(self, rows: list[dict]) -> dict:
         if self.chat_template:
             texts = [
-                self.tokenizer.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
+                self.tokenizer.apply_chat_template(
+                    r["messages"], tokenize=False, add_generation_prompt=True, **self.template_kwargs
+                )
                 for r in rows
             ]
             enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -115,6 +118,9 @@ class RolloutDataModule(L.LightningDataModule):
         eval_max_new_tokens: completion budget of evaluation generations.
         tokenizer: tokenizer path; None takes the LightningModule's (`model.student`'s) tokenizer.
         chat_template: wrap prompts in the tokenizer's chat template (instruct hub models).
+        chat_template_kwargs: extra variables for the chat template, e.g. `{date_string: 26 Jul 2024}`
+            for Llama-3.x, whose template otherwise stamps today's date into every prompt (so that
+            prompts, and the teacher-rollout cache keys, would change from day to day).
         rollout_cache: folder caching teacher-written rollouts across runs (None: env
             `DISTILL_ROLLOUT_CACHE`, or no cache).
         seed: data seed (prompt generation and order, rollout sampling); linked to `seed_everything`.
@@ -142,6 +148,7 @@ class RolloutDataModule(L.LightningDataModule):
         eval_max_new_tokens: int = 128,
         tokenizer: str | None = None,
         chat_template: bool = False,
+        chat_template_kwargs: dict | None = None,
         rollout_cache: str | None = None,
         seed: int = 0,
     ):
@@ -192,9 +199,12 @@ class RolloutDataModule(L.LightningDataModule):
         if self.tokenizer is None:
             path = self.hparams.tokenizer
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
-        self.collate = PromptCollator(self.tokenizer, self.hparams.chat_template)
+        self.collate = PromptCollator(
+            self.tokenizer, self.hparams.chat_template, self.hparams.chat_template_kwargs
+        )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
-        self.sampler.vocab_size = self.eval_sampler.vocab_size = len(self.tokenizer)
+        self.sampler.use_tokenizer(self.tokenizer)
+        self.eval_sampler.use_tokenizer(self.tokenizer)
         seed, h = self.hparams.seed, self.hparams
         # Split seeds are disjoint: training prompts never come from the evaluation generators.
         if stage == "fit":

@@ -67,6 +67,7 @@ class UpdateCounts(NamedTuple):
         return UpdateCounts(*(a + b for a, b in zip(self, other)))
 
 
+@torch.no_grad()
 def tensor_update_counts(
     before: Tensor,
     after: Tensor,

@@ -23,7 +23,7 @@ from distill.rollout.decoding import (
     choose_tokens,
     decode,
     logit_width,
-    model_token_id,
+    special_ids,
     strip_common_padding,
 )
 from distill.seeds import derive_seed
@@ -151,6 +151,7 @@ class RolloutSampler:
         self.top_p = None if top_p is None else float(top_p)
         self.eos_token_id = None if eos_list is None else [int(e) for e in eos_list]
         self.pad_token_id = pad_token_id
+        self.tokenizer_ids: tuple[list[int], int | None] = ([], None)  # see `use_tokenizer`
         self.vocab_size = vocab_size
         self.speculative_top_k = speculative_top_k
         self.cache = RolloutCache(cache_dir) if cache_dir else None
@@ -198,7 +199,9 @@ class RolloutSampler:
         return self._assemble(call, time.perf_counter() - start)
 
     def _prepare(self, student, teacher, input_ids, attention_mask, generator, seed) -> _Call:
-        eos_ids, pad_id = self._special_ids(student, teacher)
+        eos_ids, pad_id = special_ids(
+            self.eos_token_id, self.pad_token_id, student, teacher, self.tokenizer_ids
+        )
         vocab = self._vocab(student, teacher)
         settings = {
             "max_new_tokens": self.max_new_tokens,
@@ -335,18 +338,14 @@ class RolloutSampler:
 
     # -- inputs and outputs ----------------------------------------------------------------
 
-    def _special_ids(self, student: nn.Module, teacher: nn.Module) -> tuple[list[int], int]:
-        eos = self.eos_token_id or model_token_id(student, teacher, "eos_token_id")
-        pad = self.pad_token_id
-        pad = model_token_id(student, teacher, "pad_token_id") if pad is None else pad
-        for name, value in (("eos_token_id", eos), ("pad_token_id", pad)):
-            if value is None:
-                raise ValueError(
-                    f"{name} is unset: pass it to RolloutSampler or set it in the models' generation_config"
-                )
-        eos = [eos] if _is_int(eos) else list(eos)
-        pad = pad[0] if isinstance(pad, (list, tuple)) else pad
-        return [int(e) for e in eos], int(pad)
+    def use_tokenizer(self, tokenizer) -> RolloutSampler:
+        """Take the real vocabulary size and the fallback EOS and pad ids from `tokenizer` (see
+        `decoding.special_ids`: hub instruct models such as Llama-3 have no pad id in their
+        generation config, and more EOS ids in it than their tokenizer names)."""
+        self.vocab_size = len(tokenizer)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.tokenizer_ids = ([] if eos is None else [int(eos)], getattr(tokenizer, "pad_token_id", None))
+        return self
 
     def _vocab(self, student: nn.Module, teacher: nn.Module) -> int:
         widths = min(logit_width(student), logit_width(teacher))

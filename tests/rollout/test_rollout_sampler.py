@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distill.rollout.decoding import special_ids
 from distill.rollout import GRANULARITIES, RolloutSampler
 
 VOCAB = 100  # the char tokenizer's real vocabulary; the models' logits are wider
@@ -263,7 +264,7 @@ def test_modes_restored_and_no_grad(student, teacher, prompts):
 
 def test_special_ids_from_config_and_errors(student, teacher, prompts):
     sampler = RolloutSampler(0.0, "batch", max_new_tokens=2, vocab_size=VOCAB)
-    assert sampler._special_ids(student, teacher) == ([2], 0)
+    assert special_ids(sampler.eos_token_id, sampler.pad_token_id, student, teacher) == ([2], 0)
     teacher.generation_config.pad_token_id = 5
     with pytest.raises(ValueError, match="disagree on pad_token_id"):
         sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask)
