@@ -134,8 +134,11 @@ def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
     total = cdf[:, -1:]
     if not math.isfinite(float(total.sum())):  # one reduction and one sync per step
         raise _diverged()
-    # u < 1 and the float64 product rounds below the total, so the index stays < V.
-    return torch.searchsorted(cdf, uniforms[:, None] * total, right=True).squeeze(-1)
+    chosen = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
+    # u < 1, but u * total can round up to the total itself (an event of about 2**-53): the index
+    # is then past the end; take the last token with probability > 0 instead.
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(chosen, last).squeeze(-1)
 
 
 class RowStreams:

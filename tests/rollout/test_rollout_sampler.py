@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distill.rollout.decoding import special_ids
 from distill.rollout import GRANULARITIES, RolloutSampler
+from distill.rollout.decoding import special_ids
 
 VOCAB = 100  # the char tokenizer's real vocabulary; the models' logits are wider
 N = 12

@@ -133,6 +133,8 @@ def test_inverse_cdf_edges_skip_zero_probability_tokens():
     assert inverse_cdf(probs, u).tolist() == [2, 4, 4]
     # Unnormalised rows are scaled by their total.
     assert inverse_cdf(torch.tensor([[2.0, 6.0]]), torch.tensor([0.3], dtype=torch.float64)).tolist() == [1]
+    # u * total rounding up to the total (u = 1 stands in for it) still picks a token with p > 0.
+    assert inverse_cdf(probs[:1], torch.tensor([1.0], dtype=torch.float64)).tolist() == [4]
 
 
 @pytest.mark.parametrize(("top_k", "top_p"), [(3, None), (None, 0.5), (5, 0.8)])
