@@ -23,9 +23,9 @@ from distill.rollout.decoding import (
     choose_tokens,
     decode,
     logit_width,
-    special_ids,
     strip_common_padding,
 )
+from distill.rollout.special_ids import special_ids
 from distill.seeds import derive_seed
 
 CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
@@ -340,7 +340,7 @@ class RolloutSampler:
 
     def use_tokenizer(self, tokenizer) -> RolloutSampler:
         """Take the real vocabulary size and the fallback EOS and pad ids from `tokenizer` (see
-        `decoding.special_ids`: hub instruct models such as Llama-3 have no pad id in their
+        `special_ids.special_ids`: hub instruct models such as Llama-3 have no pad id in their
         generation config, and more EOS ids in it than their tokenizer names)."""
         self.vocab_size = len(tokenizer)
         eos = getattr(tokenizer, "eos_token_id", None)

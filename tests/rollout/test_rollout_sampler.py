@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from distill.rollout import GRANULARITIES, RolloutSampler
-from distill.rollout.decoding import special_ids
+from distill.rollout.special_ids import special_ids
 
 VOCAB = 100  # the char tokenizer's real vocabulary; the models' logits are wider
 N = 12

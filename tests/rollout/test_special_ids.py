@@ -12,7 +12,7 @@ import torch
 from distill.data.module import PromptCollator
 from distill.models.tiny import char_tokenizer
 from distill.rollout import RolloutSampler
-from distill.rollout.decoding import special_ids
+from distill.rollout.special_ids import special_ids
 
 VOCAB = 104
 EOT = 50  # an ordinary char id standing in for Llama-3's <|eot_id|>
