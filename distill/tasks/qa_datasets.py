@@ -37,11 +37,15 @@ The loaded rows are split once, by `seed`: a fixed test subset, a fixed validati
 rest for training (disjoint). `rows(n, seed, part)` draws from one part: `train` shuffled by `seed`,
 `val`/`test` always their first `n` rows (so every evaluation sees the same questions). A part
 holds at most its size: asking for more returns all of it.
+
+A task's `name` (its metric keys: `val/<name>/accuracy`) is `task_name(spec)`, slash-free, e.g.
+``sciq-sciq_train-1a2b3c``; once the spec is loaded, `get_task` finds the task by that name too.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import random
 import re
 from dataclasses import dataclass, field
@@ -81,6 +85,16 @@ PRESETS: dict[str, Preset] = {
 KINDS = (*PRESETS, "qa")
 _OPTION_LINE = re.compile(r"^\s*[\(\[]?([A-Za-z])[\)\]]?\s*[.:)]\s*(.+?)\s*$")
 _OPTION_BARE = re.compile(r"^\s*\(([A-Za-z])\)\s*(.+?)\s*$")
+
+
+def task_name(spec: str) -> str:
+    """The name a spec's task logs under (metric keys are `<split>/<task>/<metric>`, so no "/"):
+    ``<kind>-<file stem or hub name>-<6 hex of the whole spec>``, e.g. ``sciq-sciq-1a2b3c``."""
+    kind, rest = spec.split(":", 1)
+    source = rest.partition("?")[0].strip() or (PRESETS[kind].hub if kind in PRESETS else "")
+    stem = Path(source).stem if Path(source).suffix.lower() in FILE_BUILDERS else source.rsplit("/", 1)[-1]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)[:40] or "data"
+    return f"{kind}-{stem}-{hashlib.sha256(spec.encode()).hexdigest()[:6]}"
 
 
 def is_spec(name: object) -> bool:
@@ -205,10 +219,11 @@ class Item:
 class QATask:
     """A multiple-choice / free-form QA task over a loaded dataset (see the module docstring)."""
 
-    name: str
+    name: str  # `task_name(spec)`: slash-free, for metric keys
     items: tuple[Item, ...]
     parts: dict = field(repr=False)  # part -> tuple of item indices
     skipped: int = 0
+    spec: str = ""
 
     @property
     def chance(self) -> float:
@@ -306,10 +321,15 @@ def build(spec: str) -> QATask:
         "val": tuple(order[n_test : n_test + n_val]),
         "train": tuple(order[n_test + n_val :]),
     }
-    return QATask(spec, tuple(items), parts, skipped)
+    return QATask(task_name(spec), tuple(items), parts, skipped, spec)
+
+
+LOADED: dict[str, QATask] = {}  # task name -> task, for `get_task(task.name)` after loading
 
 
 @functools.lru_cache(maxsize=32)
 def get_qa_task(spec: str) -> QATask:
-    """The task of a spec, loaded once per process."""
-    return build(spec)
+    """The task of a spec, loaded once per process; afterwards also found by its `name`."""
+    task = build(spec)
+    LOADED[task.name] = task
+    return task

@@ -44,6 +44,7 @@ def test_sciq_fixture_loads_into_rows_that_score():
         assert task.score(f"<answer>{wrong}</answer>", row) == 0.0
         assert task.score(f"<answer>{source['distractor1']}</answer>", row) == 0.0
         assert task.answer(f"<answer>{source['correct_answer']}</answer>", row) == row["answer"]
+    assert task.answer("<answer> Heart </answer>") == "heart"  # without a row: as written
     # the correct option does not always sit at one letter
     assert len({r["answer"] for r in rows}) > 1
 
@@ -164,8 +165,12 @@ def test_specs_are_accepted_wherever_task_names_are():
 
     assert is_task("countdown3") and is_task(SCIQ) and is_task("medreason:")
     assert not is_task("nope") and not is_task("trivia:x") and not is_task(None)
-    assert check_tasks("TaskEvaluation", "tasks", [SCIQ, "countdown3"]) == [SCIQ, "countdown3"]
-    assert TaskEvaluation(tasks=[SCIQ]).tasks == [SCIQ]
+    name = get_task(SCIQ).name  # what metric keys use: no "/" of the file path
+    assert name.startswith("sciq-sciq-") and "/" not in name and ":" not in name
+    assert get_task(name) is get_task(SCIQ) and is_task(name)
+    assert get_task(SCIQ + "&seed=1").name != name
+    assert check_tasks("TaskEvaluation", "tasks", [SCIQ, "countdown3"]) == [name, "countdown3"]
+    assert TaskEvaluation(tasks=[SCIQ]).tasks == [name]
     assert qa_datasets.parse_spec("sciq:").source == "allenai/sciq"
     assert qa_datasets.parse_spec("medreason:?split=train").source == "UCSC-VLAA/MedReason"
 
@@ -189,9 +194,9 @@ def test_the_datamodule_rolls_out_a_qa_task(char_tok, tiny_student, tiny_teacher
         training=True, testing=False, global_step=0, current_epoch=0, lightning_module=module
     )
     out = data.on_after_batch_transfer(next(iter(data.train_dataloader())), 0)
-    assert out["task"] == SCIQ and len(out["rows"]) == 2 and out["rollout"].batch_size == 2
+    assert out["task"] == task.name and len(out["rows"]) == 2 and out["rollout"].batch_size == 2
     texts = out["rollout"].completions(char_tok)
     assert all(get_task(out["task"]).score(t, r) in (0.0, 1.0) for t, r in zip(texts, out["rows"]))
     data.trainer.training = False
     out = data.on_after_batch_transfer(next(iter(data.val_dataloader()[0])), 0)
-    assert out["task"] == SCIQ and out["rollout"].batch_size == 3
+    assert out["task"] == task.name and out["rollout"].batch_size == 3
