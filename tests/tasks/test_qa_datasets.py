@@ -200,3 +200,39 @@ def test_the_datamodule_rolls_out_a_qa_task(char_tok, tiny_student, tiny_teacher
     data.trainer.training = False
     out = data.on_after_batch_transfer(next(iter(data.val_dataloader()[0])), 0)
     assert out["task"] == task.name and out["rollout"].batch_size == 3
+
+
+@pytest.mark.slow  # builds the quick tiny world once per session (shared with tests/test_cli.py)
+def test_distill_fit_runs_on_sciq_and_medreason_files(tiny_world_cache, tmp_path, monkeypatch):
+    """A tiny `distill fit` end to end: trains on a SciQ-schema file, tests on it and on a
+    MedReason-schema file (tiny-world models, a few steps)."""
+    from distill.lightning_cli import run_lightning_cli
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    sciq, medreason = get_task(SCIQ), get_task(MEDREASON)
+    short = {
+        "trainer.max_steps": "2",
+        "trainer.val_check_interval": "1",
+        "data.batch_size": "4",
+        "data.val_size": "8",
+        "data.test_size": "8",
+        "data.eval_batch_size": "8",
+        "data.max_new_tokens": "8",
+        "data.eval_max_new_tokens": "8",
+        "data.train_size": "13",
+        "data.task": SCIQ,
+        "data.test_tasks": json.dumps([SCIQ, MEDREASON]),
+        "run_dir": str(tmp_path / "run"),
+    }
+    args = [a for key, value in short.items() for a in (f"--{key}", value)]
+    metrics = run_lightning_cli(["fit", "--config", "configs/tiny/base.yaml", *args])
+    for key in (
+        f"val/{sciq.name}/accuracy",
+        f"test/{sciq.name}/accuracy",
+        f"test/{medreason.name}/accuracy",
+        f"test/{medreason.name}/pass@8",
+    ):
+        assert 0.0 <= metrics[key] <= 1.0, key
+    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert summary["status"] == "finished"
