@@ -288,7 +288,12 @@ def build(spec: str) -> QATask:
             if options and answer is None:
                 skipped += 1
                 continue
-        if not question or (not options and not str(record.get(mapping.get("answer", ""), "") or "").strip()):
+        unusable = len(options) > qa.MAX_OPTIONS or (options and not options[answer])
+        if (
+            unusable
+            or not question
+            or (not options and not str(record.get(mapping.get("answer", ""), "") or "").strip())
+        ):
             skipped += 1
             continue
         if options:

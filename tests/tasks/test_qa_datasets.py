@@ -111,11 +111,12 @@ def test_custom_mappings_from_csv_parquet_and_json(tmp_path):
         assert task.score(f"<answer>{row['answer_text']}</answer>", row) == 1.0
 
     flat = [{"q": f"Is {i} even?", "right": "yes" if i % 2 == 0 else "no", "bad": "maybe"} for i in range(10)]
+    flat.append({"q": "No key?", "right": "", "bad": "maybe"})  # an empty correct answer: skipped
     Dataset.from_list(flat).to_csv(tmp_path / "flat.csv", index=False)
     Dataset.from_list(flat).to_parquet(tmp_path / "flat.parquet")
     for name in ("flat.csv", "flat.parquet"):
         task = get_task(f"qa:{tmp_path / name}?question=q&correct=right&distractors=bad&test=2&val=1")
-        assert task.chance == pytest.approx(0.5)
+        assert task.chance == pytest.approx(0.5) and task.skipped == 1
         for row in task.rows(10, 0, "train"):
             assert task.score(f"<answer>{row['answer_text']}</answer>", row) == 1.0
 
