@@ -146,7 +146,9 @@ class TaskEvaluation(L.Callback):
             first = len(correct)
             for text, row in zip(rollout.completions(pl_module.tokenizer), repeated[first:]):
                 correct.append(task.score(text, row) > 0)
-                answers.append(task.answer(text))
+                answers.append(
+                    task.answer(text, row) if getattr(task, "answer_uses_row", False) else task.answer(text)
+                )
             # Rows per forward pass bounded so the float32 logits stay under ~256 MB.
             step = max(1, LOGIT_BUDGET // (rollout.input_ids.shape[1] * pl_module.vocab_size))
             for r in range(0, rollout.batch_size, step):

@@ -32,6 +32,14 @@ from distill.tasks.registry import get_task
 warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
 
 
+def _rows(task, n: int, seed: int, part: str) -> list[dict]:
+    """A split's rows: generated tasks draw them from the split's seed; dataset tasks (`parts`) from
+    their fixed, disjoint train/val/test parts."""
+    if hasattr(task, "parts"):
+        return task.rows(n, seed, part=part)
+    return task.rows(n, seed=seed)
+
+
 class PromptCollator:
     """Rows -> left-padded prompt tensors (plain prompt, or the tokenizer's chat template)."""
 
@@ -94,7 +102,8 @@ class RolloutDataModule(L.LightningDataModule):
     """Prompts of a task and the rollout-policy knob.
 
     Args:
-        task: training task (e.g. `countdown3`; see `distill.tasks.registry.TASKS`).
+        task: training task (e.g. `countdown3`; see `distill.tasks.registry.TASKS`), or a dataset
+            spec such as `sciq:path/to/sciq.jsonl` (see `distill.tasks.qa_datasets`).
         mix: the teacher's share of the rollouts, in [0, 1] (0 = on-policy student, 1 = teacher).
         granularity: how the share is applied: `batch`, `sequence`, `token` or `speculative`.
         max_new_tokens: completion budget of training rollouts.
@@ -208,14 +217,16 @@ class RolloutDataModule(L.LightningDataModule):
         seed, h = self.hparams.seed, self.hparams
         # Split seeds are disjoint: training prompts never come from the evaluation generators.
         if stage == "fit":
-            self.train_set = Dataset.from_list(self.task.rows(h.train_size, seed=path_seed("train", seed)))
+            self.train_set = Dataset.from_list(
+                _rows(self.task, h.train_size, path_seed("train", seed), "train")
+            )
         if stage in ("fit", "validate"):
             self.val_sets = [
-                Dataset.from_list(t.rows(h.val_size, seed=path_seed("val"))) for t in self.val_tasks
+                Dataset.from_list(_rows(t, h.val_size, path_seed("val"), "val")) for t in self.val_tasks
             ]
         if stage == "test":
             self.test_sets = [
-                Dataset.from_list(t.rows(h.test_size, seed=path_seed("test"))) for t in self.test_tasks
+                Dataset.from_list(_rows(t, h.test_size, path_seed("test"), "test")) for t in self.test_tasks
             ]
 
     def _loader(self, dataset, batch_size: int) -> DataLoader:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from distill.tasks import countdown, prior
+from distill.tasks import countdown, prior, qa_datasets
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,24 @@ TASKS = {name: CountdownTask(name) for name in countdown.DIFFICULTIES} | {
 }
 
 
+def is_task(name: object) -> bool:
+    """A registered task name, or a dataset spec (``<kind>:<source>…``, checked when loaded)."""
+    return isinstance(name, str) and (
+        name in TASKS or name in qa_datasets.LOADED or qa_datasets.is_spec(name)
+    )
+
+
 def get_task(name: str):
+    """A registered task by name, or the QA task of a dataset spec (`distill.tasks.qa_datasets`;
+    once loaded, also by its name)."""
+    if isinstance(name, str) and name not in TASKS:
+        if name in qa_datasets.LOADED:  # a loaded spec's task, by its name
+            return qa_datasets.LOADED[name]
+        if qa_datasets.is_spec(name):
+            return qa_datasets.get_qa_task(name)
     if name not in TASKS:
-        raise ValueError(f"task must be one of {sorted(TASKS)}, got {name!r}")
+        raise ValueError(
+            f"task must be one of {sorted(TASKS)} or a dataset spec '<kind>:<source>' with kind in "
+            f"{list(qa_datasets.KINDS)}, got {name!r}"
+        )
     return TASKS[name]
