@@ -146,9 +146,7 @@ class Forgetting(L.Callback):
     def scores(self, trainer, pl_module) -> dict[str, float]:
         """Current score of every set: greedy accuracy (task sets), NLL per token (text sets)."""
         out = {}
-        sampler = RolloutSampler(
-            mix=0.0, max_new_tokens=self.max_new_tokens, temperature=0.0, vocab_size=pl_module.vocab_size
-        )
+        sampler = RolloutSampler(mix=0.0, max_new_tokens=self.max_new_tokens, temperature=0.0)
         for name, rows in self.rows.items():
             task = get_task(name)
             texts = [

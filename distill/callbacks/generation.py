@@ -41,7 +41,7 @@ def student_rollouts(
     if sampler.mix != 0:
         raise ValueError(f"student_rollouts needs a sampler with mix=0, got mix={sampler.mix}")
     collate = prompt_collator(trainer, pl_module)
-    sampler.use_tokenizer(pl_module.tokenizer)
+    sampler.use_tokenizer(pl_module.tokenizer)  # its real vocabulary and fallback EOS/pad ids
     student = pl_module.student
     # With mix=0 the teacher writes nothing; the sampler only reads its special ids and logit width.
     teacher = getattr(pl_module, "teacher", None) or student

@@ -128,9 +128,7 @@ class StyleProbe(L.Callback):
     def share(self, trainer, pl_module) -> float:
         """The current share over the probe's prompts."""
         budget = self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128)
-        sampler = RolloutSampler(
-            mix=0.0, max_new_tokens=budget, temperature=0.0, vocab_size=pl_module.vocab_size
-        )
+        sampler = RolloutSampler(mix=0.0, max_new_tokens=budget, temperature=0.0)
         rollouts = student_rollouts(trainer, pl_module, self.rows, sampler, self.batch_size)
         return style_share((t for r in rollouts for t in r.completions(pl_module.tokenizer)), self.detector)
 

@@ -125,7 +125,6 @@ class TaskEvaluation(L.Callback):
             mix=0.0,
             max_new_tokens=self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128),
             temperature=self.temperature,
-            vocab_size=pl_module.vocab_size,
         )
         batch_size = self.batch_size or datamodule_option(trainer, "eval_batch_size", 256)
         for name, rows in self._problems(trainer, split):

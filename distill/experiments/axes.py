@@ -8,12 +8,12 @@ estimators); a dotted axis (`data.max_new_tokens`) passes its values through unc
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from distill.checks import is_int, is_number
 from distill.experiments.schema import SpecError, SpecFields, field_error
 from distill.names import DIVERGENCE_CLASSES as DIVERGENCES
 from distill.names import ESTIMATORS, GRANULARITIES
@@ -69,19 +69,13 @@ def knobs_of(config: dict[str, Any]) -> dict[str, Any]:
             parts = ["model", "init_args", *parts[1:]]
         node: Any = config
         for part in parts:
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None or (short.null and _has_path(config, parts)):
-            knobs[name] = class_paths.get(node, node) if name == "divergence" else node
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:  # the path is set; None counts only for knobs that may be null
+            if node is not None or short.null:
+                knobs[name] = class_paths.get(node, node) if name == "divergence" else node
     return knobs
-
-
-def _has_path(config: dict[str, Any], parts: list[str]) -> bool:
-    node: Any = config
-    for part in parts:
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def check_value(axis: str, name: str, value: Any) -> None:
@@ -96,9 +90,8 @@ def check_value(axis: str, name: str, value: Any) -> None:
     elif rule.kind == "text":
         problem = None if isinstance(value, str) and value else "must be a non-empty string"
     elif rule.kind == "count":
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        problem = None if ok else "must be a non-negative integer"
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        problem = None if is_int(value) and value >= 0 else "must be a non-negative integer"
+    elif not is_number(value):
         problem = "must be a finite number"
     elif rule.kind == "fraction" and not 0 <= value <= 1:
         problem = "must lie in [0, 1]"

@@ -117,17 +117,18 @@ def pivot(
         ]
         for rv in row_values
     ]
-    means = [summarize(values)[0] for line in grid for values in line if summarize(values)[2]]
+    summaries = [[summarize(values) for values in line] for line in grid]
+    means = [mean for line in summaries for mean, _, n in line if n]
     refs = {k: m[metric] for k, m in (references or {}).items() if metric in m}
     places = decimals(metric, means + list(refs.values()))
     best = max(means) if means and best_is_max else None
     if best is not None and means.count(best) > 1:  # a tie (e.g. all 0) marks nothing
         best = None
     rows = []
-    for rv, line in zip(row_values, grid):
+    for rv, line, sums in zip(row_values, grid, summaries):
         cells = [
-            cell(v, metric, places, bold=best is not None and summarize(v)[2] > 0 and summarize(v)[0] == best)
-            for v in line
+            cell(values, metric, places, bold=best is not None and n > 0 and mean == best)
+            for values, (mean, _, n) in zip(line, sums)
         ]
         rows.append([format_value(rv) if row else "all runs", *cells])
     rows += [

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from distill.checks import is_int, is_number
 from distill.models.forward import eval_no_grad
 from distill.names import GRANULARITIES
 from distill.rollout.batch import RolloutBatch
@@ -29,14 +30,6 @@ from distill.rollout.special_ids import special_ids
 from distill.seeds import derive_seed
 
 CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -114,32 +107,32 @@ class RolloutSampler:
         speculative_top_k: int = 5,
         cache_dir: str | None = None,
     ):
-        if not _is_real(mix) or not 0.0 <= mix <= 1.0:
+        if not is_number(mix) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must be in [0, 1], got {mix!r}")
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}; got {granularity!r}")
-        if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        if not is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if not _is_real(temperature) or temperature < 0:
+        if not is_number(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-        if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        if top_k is not None and (not is_int(top_k) or top_k < 1):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
-        if top_p is not None and (not _is_real(top_p) or not 0.0 < top_p <= 1.0):
+        if top_p is not None and (not is_number(top_p) or not 0.0 < top_p <= 1.0):
             raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
-        eos_list = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
+        eos_list = [eos_token_id] if is_int(eos_token_id) else eos_token_id
         if eos_list is not None and (
             not isinstance(eos_list, (list, tuple))
             or not eos_list
-            or not all(_is_int(e) and e >= 0 for e in eos_list)
+            or not all(is_int(e) and e >= 0 for e in eos_list)
         ):
             raise ValueError(
                 f"eos_token_id must be None, an id >= 0 or a non-empty list of them, got {eos_token_id!r}"
             )
-        if pad_token_id is not None and (not _is_int(pad_token_id) or pad_token_id < 0):
+        if pad_token_id is not None and (not is_int(pad_token_id) or pad_token_id < 0):
             raise ValueError(f"pad_token_id must be None or an id >= 0, got {pad_token_id!r}")
-        if vocab_size is not None and (not _is_int(vocab_size) or vocab_size < 1):
+        if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):
             raise ValueError(f"vocab_size must be None or an integer >= 1, got {vocab_size!r}")
-        if not _is_int(speculative_top_k) or speculative_top_k < 1:
+        if not is_int(speculative_top_k) or speculative_top_k < 1:
             raise ValueError(f"speculative_top_k must be an integer >= 1, got {speculative_top_k!r}")
         if cache_dir is None:
             cache_dir = os.environ.get(CACHE_ENV) or None
@@ -188,7 +181,7 @@ class RolloutSampler:
         """
         start = time.perf_counter()
         check_left_padded(input_ids, attention_mask)
-        if seed is not None and not _is_int(seed):
+        if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be None or an integer, got {seed!r}")
         call = self._prepare(student, teacher, input_ids, attention_mask, generator, seed)
         with eval_no_grad(student, teacher):
