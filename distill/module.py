@@ -154,11 +154,23 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
         return causal_logits(model, input_ids, attention_mask, self.vocab_size)
 
-    def pair_logits(self, input_ids, attention_mask):
-        """(student, teacher) logits; the teacher's under no_grad (not inference_mode: they meet autograd)."""
+    def student_logits(self, rollout, rows: slice = slice(None)) -> torch.Tensor:
+        """The student's logits `[b, W, V]` at the positions predicting the `W` completion columns
+        of `rollout` (its last ones)."""
+        ids, attn = rollout.input_ids[rows], rollout.attention_mask[rows]
+        return self._logits(self.student, ids, attn)[:, -rollout.completion_width :]
+
+    def teacher_logits(self, rollout, rows: slice = slice(None)) -> torch.Tensor:
+        """The teacher's logits at the same completion positions, read from its own view (with a
+        teacher-only context, another prompt before the same completion), under no_grad (not
+        inference_mode: they meet autograd)."""
+        ids, attn = rollout.teacher_inputs()
         with torch.no_grad():
-            teacher = self._logits(self.teacher, input_ids, attention_mask)
-        return self._logits(self.student, input_ids, attention_mask), teacher
+            return self._logits(self.teacher, ids[rows], attn[rows])[:, -rollout.completion_width :]
+
+    def pair_logits(self, rollout, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """(student, teacher) logits, aligned on `rollout`'s completion positions."""
+        return self.student_logits(rollout, rows), self.teacher_logits(rollout, rows)
 
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> dict:
@@ -193,9 +205,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the
         completion tokens of the whole step. Returns the step's per-token means (`StepMeans`), the
         token count and wall seconds per phase."""
-        ids, attn = rollout.input_ids, rollout.attention_mask
-        mask = rollout.completion_mask[:, 1:]
-        teacher_written = rollout.teacher_token_mask[:, 1:]
+        ids, width = rollout.input_ids, rollout.completion_width
+        mask = rollout.completion_mask[:, -width:]  # aligned with `pair_logits`' positions
+        teacher_written = rollout.teacher_token_mask[:, -width:]
         num_items = step_token_count([mask])
         size = self.hparams.micro_batch_size or ids.shape[0]
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
@@ -204,10 +216,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         for start in range(0, ids.shape[0], size):
             rows = slice(start, start + size)
             t0 = time.perf_counter()
-            with torch.no_grad():
-                teacher = self._logits(self.teacher, ids[rows], attn[rows])
+            teacher = self.teacher_logits(rollout, rows)
             t1 = time.perf_counter()
-            student = self._logits(self.student, ids[rows], attn[rows])
+            student = self.student_logits(rollout, rows)
             if self.logit_grad_sink is not None:
                 record = self.logit_grad_sink.record
                 student.register_hook(
@@ -222,7 +233,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 student,
                 teacher,
                 mask[rows],
-                tokens=ids[rows, 1:],
+                tokens=ids[rows, -width:],
                 num_items=num_items,
                 return_statistics=True,
             )
@@ -267,9 +278,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         texts = rollout.completions(self.tokenizer)
         scores = torch.tensor([get_task(task).score(t, r) for t, r in zip(texts, rows)])
         self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
-        student, teacher = self.pair_logits(rollout.input_ids, rollout.attention_mask)
+        student, teacher = self.pair_logits(rollout)
         stats = token_statistics(student, teacher)
-        mask = rollout.completion_mask[:, 1:].float()
+        mask = rollout.completion_mask[:, -rollout.completion_width :].float()
         for key in ("forward_kl", "reverse_kl"):
             self.eval_figure(f"{prefix}/{task}/{key}", (stats[key] * mask).sum(), mask.sum())
 

@@ -175,3 +175,21 @@ def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, m
     assert len(AutoTokenizer.from_pretrained(run / "student")) == 104
     ckpt = __import__("torch").load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["state_dict"] and not [k for k in ckpt["state_dict"] if "teacher" in k]
+
+
+def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypatch):
+    """`data.teacher_context` reaches the sampler and the loss through the CLI: the teacher writes
+    half the rollouts after its own prompt, and the run records the context in its config."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    args = ["fit", "--config", "configs/tiny/fkl_mix0.5.yaml", *SHORT, "--run_dir", str(run)]
+    metrics = run_lightning_cli([*args, "--data.teacher_context", "1 1=2:{target} "])  # Countdown rows
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["data"]["teacher_context"] == "1 1=2:{target} "
+    assert metrics["train/teacher_share"] > 0 and metrics["train/forward_kl"] >= 0
+    # A field the rows lack fails in the data setup, before any model is loaded, naming it.
+    monkeypatch.setattr("distill.module.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(
+        ValueError, match=r"reads row field\(s\) \['nope'\].*they have \['messages', 'numbers'"
+    ):
+        run_lightning_cli([*args[:-1], str(tmp_path / "bad"), "--data.teacher_context", "{nope}"])

@@ -108,7 +108,7 @@ def test_teacher_is_frozen_and_outside_optimizer_and_checkpoint(quick_world):
 def test_logits_cover_the_real_vocabulary_only(quick_world):
     module = _module(quick_world)
     rollout = _rollout(module.tokenizer, [4])
-    student, teacher = module.pair_logits(rollout.input_ids, rollout.attention_mask)
+    student, teacher = module.pair_logits(rollout)
     # Embeddings have 112 and 128 rows; the tokenizer 104 tokens.
     assert student.shape[-1] == teacher.shape[-1] == len(module.tokenizer) == 104
     assert not teacher.requires_grad and student.requires_grad
@@ -121,3 +121,65 @@ def test_bad_options_fail_before_loading(quick_world, tmp_path):
         DistillationModule(str(quick_world / "student"), str(quick_world / "teacher"), student_dtype="float8")
     with pytest.raises(FileNotFoundError, match="model.teacher: no model directory"):
         DistillationModule(str(quick_world / "student"), str(tmp_path / "nowhere"))
+
+
+def _with_teacher_view(rollout, context_len=5, seed=1):
+    """`rollout` plus a teacher-only view: a different, longer left-padded prompt (context) before
+    the same completion columns."""
+    g = torch.Generator().manual_seed(seed)
+    b, p = rollout.input_ids.shape[0], rollout.prompt_length
+    t_prompt = torch.randint(8, 104, (b, p + context_len), generator=g)
+    t_attn = torch.ones(b, p + context_len, dtype=torch.long)
+    t_attn[0, :2] = 0  # one row left-padded
+    t_prompt[0, :2] = 0
+    tail = slice(p, None)
+    fields = {
+        k: getattr(rollout, k)
+        for k in ("input_ids", "attention_mask", "completion_mask", "teacher_token_mask")
+    }
+    return RolloutBatch(
+        **fields,
+        prompt_length=p,
+        teacher_input_ids=torch.cat([t_prompt, rollout.input_ids[:, tail]], dim=1),
+        teacher_attention_mask=torch.cat([t_attn, rollout.attention_mask[:, tail]], dim=1),
+    )
+
+
+def _completion_logits(model, ids, attn, prompt_len, vocab):
+    """Per row, the logits predicting each completion token: one plain forward (no slicing code
+    shared with the module), rows of `[n_i, V]` in completion order."""
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits[..., :vocab]
+    return logits[:, prompt_len - 1 : -1]
+
+
+def test_a_teacher_only_context_is_what_the_teacher_reads(quick_world):
+    """With a teacher view the loss and both logged KLs are those of the teacher reading its own
+    prompt and the student its own, on the same completion tokens (checked against a direct
+    computation with torch.distributions); and they differ from the loss without the view."""
+    module = _module(quick_world)
+    base = _rollout(module.tokenizer, lengths=[3, 7, 5])
+    rollout = _with_teacher_view(base)
+    means, n, _ = module.accumulate_gradients(rollout)
+    vocab = module.vocab_size
+    s = _completion_logits(
+        module.student, rollout.input_ids, rollout.attention_mask, rollout.prompt_length, vocab
+    )
+    t_len = rollout.teacher_input_ids.shape[1] - rollout.completion_width
+    t = _completion_logits(
+        module.teacher, rollout.teacher_input_ids, rollout.teacher_attention_mask, t_len, vocab
+    )
+    mask = rollout.completion_mask[:, rollout.prompt_length :]
+    p_t, p_s = (
+        torch.distributions.Categorical(logits=t[mask]),
+        torch.distributions.Categorical(logits=s[mask]),
+    )
+    forward = torch.distributions.kl_divergence(p_t, p_s).mean()
+    reverse = torch.distributions.kl_divergence(p_s, p_t).mean()
+    assert int(n) == 15
+    torch.testing.assert_close(means.forward_kl, forward, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(means.loss, forward, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(means.reverse_kl, reverse, rtol=1e-4, atol=1e-6)
+    plain, _, _ = _module(quick_world).accumulate_gradients(base)
+    assert abs(float(plain.forward_kl) - float(forward)) > 1e-3

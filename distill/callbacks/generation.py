@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from distill.data.module import PromptCollator
+from distill.data.prompts import PromptCollator
 from distill.models.forward import causal_logits, eval_no_grad
 from distill.rollout import RolloutBatch, RolloutSampler
 
@@ -47,7 +47,7 @@ def student_rollouts(
     teacher = getattr(pl_module, "teacher", None) or student
     out = []
     for start in range(0, len(rows), batch_size):
-        enc = collate(rows[start : start + batch_size])
+        enc = collate.student(rows[start : start + batch_size])  # no teacher-only context here
         ids, mask = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
         out.append(sampler.sample(student, teacher, ids, mask, seed=seed))
     return out

@@ -1,3 +1,4 @@
-from distill.data.module import PromptCollator, RolloutDataModule
+from distill.data.module import RolloutDataModule
+from distill.data.prompts import PromptCollator
 
 __all__ = ["PromptCollator", "RolloutDataModule"]

@@ -22,6 +22,7 @@ from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
 
 from distill.checks import check_int
+from distill.data.prompts import PromptCollator, repeat_rows
 from distill.models.loading import load_tokenizer
 from distill.rollout import RolloutBatch, RolloutSampler
 from distill.seeds import path_seed
@@ -38,27 +39,6 @@ def _rows(task, n: int, seed: int, part: str) -> list[dict]:
     if hasattr(task, "parts"):
         return task.rows(n, seed, part=part)
     return task.rows(n, seed=seed)
-
-
-class PromptCollator:
-    """Rows -> left-padded prompt tensors (plain prompt, or the tokenizer's chat template)."""
-
-    def __init__(self, tokenizer, chat_template: bool, chat_template_kwargs: dict | None = None):
-        self.tokenizer, self.chat_template = tokenizer, chat_template
-        self.template_kwargs = dict(chat_template_kwargs or {})
-
-    def __call__(self, rows: list[dict]) -> dict:
-        if self.chat_template:
-            texts = [
-                self.tokenizer.apply_chat_template(
-                    r["messages"], tokenize=False, add_generation_prompt=True, **self.template_kwargs
-                )
-                for r in rows
-            ]
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        else:
-            enc = self.tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True)
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "rows": rows}
 
 
 class ResumableShuffle(Sampler[int]):
@@ -130,6 +110,14 @@ class RolloutDataModule(L.LightningDataModule):
         chat_template_kwargs: extra variables for the chat template, e.g. `{date_string: 26 Jul 2024}`
             for Llama-3.x, whose template otherwise stamps today's date into every prompt (so that
             prompts, and the teacher-rollout cache keys, would change from day to day).
+        teacher_context: text only the teacher reads (None = it reads the student's prompt): a
+            system message with a chat template, else text put before the prompt; a `str.format`
+            template over the row's fields, e.g. `"Background: {reasoning}\n"` for privileged
+            context (`distill.data.prompts`). The teacher writes its rollouts and scores every
+            completion after its own prompt; both models are aligned on the completion tokens.
+        student_context: the same for the student's own prompt (None = unchanged). Rarely set by
+            hand: a sweep's teacher reference uses it to test the teacher, in the student's place,
+            with the `teacher_context` it reads in training.
         rollout_cache: folder caching teacher-written rollouts across runs (None: env
             `DISTILL_ROLLOUT_CACHE`, or no cache).
         seed: data seed (prompt generation and order, rollout sampling); linked to `seed_everything`.
@@ -158,6 +146,8 @@ class RolloutDataModule(L.LightningDataModule):
         tokenizer: str | None = None,
         chat_template: bool = False,
         chat_template_kwargs: dict | None = None,
+        teacher_context: str | None = None,
+        student_context: str | None = None,
         rollout_cache: str | None = None,
         seed: int = 0,
     ):
@@ -176,6 +166,8 @@ class RolloutDataModule(L.LightningDataModule):
             check_int(f"data.{name}", getattr(self.hparams, name), 0)
         self.task = get_task(task)
         self.val_tasks = [get_task(t) for t in (val_tasks if val_tasks is not None else [task])]
+        # A malformed template fails now, before any model is loaded.
+        PromptCollator(None, chat_template, chat_template_kwargs, teacher_context, student_context)
         self.test_tasks = [
             get_task(t)
             for t in (test_tasks if test_tasks is not None else ["countdown3", "countdown4", "countdown5"])
@@ -208,8 +200,9 @@ class RolloutDataModule(L.LightningDataModule):
         if self.tokenizer is None:
             path = self.hparams.tokenizer
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
+        h = self.hparams
         self.collate = PromptCollator(
-            self.tokenizer, self.hparams.chat_template, self.hparams.chat_template_kwargs
+            self.tokenizer, h.chat_template, h.chat_template_kwargs, h.teacher_context, h.student_context
         )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
         self.sampler.use_tokenizer(self.tokenizer)
@@ -228,6 +221,12 @@ class RolloutDataModule(L.LightningDataModule):
             self.test_sets = [
                 Dataset.from_list(_rows(t, h.test_size, path_seed("test"), "test")) for t in self.test_tasks
             ]
+        # A context template naming a field the rows lack fails here, before any model is loaded.
+        for name in ("train_set", "val_sets", "test_sets"):
+            found = getattr(self, name, None)
+            for dataset in [found] if isinstance(found, Dataset) else found or []:
+                if len(dataset):
+                    self.collate([dataset[0]])
 
     def _loader(self, dataset, batch_size: int) -> DataLoader:
         return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=self.collate)
@@ -291,24 +290,19 @@ class RolloutDataModule(L.LightningDataModule):
             if self._reuse is not None and step - self._reuse[0] < self.hparams.refresh_every:
                 rollout = self._reuse[1]["rollout"].to(batch["input_ids"].device)
                 return {**self._reuse[1], "rollout": rollout, "reused": True}
-            ids, attn, rows, g = (
-                batch["input_ids"],
-                batch["attention_mask"],
-                batch["rows"],
-                self.hparams.group_size,
-            )
-            if g > 1:  # the per-row sampling streams differ by occurrence, so a group's rows differ
-                ids, attn = ids.repeat_interleave(g, dim=0), attn.repeat_interleave(g, dim=0)
-                rows = [row for row in rows for _ in range(g)]
+            g = self.hparams.group_size
+            # The per-row sampling streams differ by occurrence, so a group's rows differ.
+            batch = repeat_rows(batch, g)
             rollout = self.sampler.sample(
                 module.student,
                 self._teacher(module, self.sampler),
-                ids,
-                attn,
+                batch["input_ids"],
+                batch["attention_mask"],
                 generator=torch.Generator().manual_seed(path_seed("rollout", self.hparams.seed, step)),
                 seed=self._rollout_seed(trainer.current_epoch),
+                **self._teacher_prompt(batch),
             )
-            out = {"rollout": rollout, "rows": rows, "task": self.task.name, "group_size": g}
+            out = {"rollout": rollout, "rows": batch["rows"], "task": self.task.name, "group_size": g}
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
             return {**out, "reused": False}
         tasks = self.test_tasks if trainer.testing else self.val_tasks
@@ -317,8 +311,19 @@ class RolloutDataModule(L.LightningDataModule):
             self._teacher(module, self.eval_sampler),
             batch["input_ids"],
             batch["attention_mask"],
+            **self._teacher_prompt(batch),
         )
         return {"rollout": rollout, "rows": batch["rows"], "task": tasks[dataloader_idx].name}
+
+    @staticmethod
+    def _teacher_prompt(batch: dict) -> dict:
+        """The sampler's teacher-only prompt arguments, when the batch has one."""
+        if "teacher_input_ids" not in batch:
+            return {}
+        return {
+            "teacher_input_ids": batch["teacher_input_ids"],
+            "teacher_attention_mask": batch["teacher_attention_mask"],
+        }
 
     def _rollout_seed(self, epoch: int) -> int:
         """Per-row sampling streams are seeded by (this, prompt, occurrence): a prompt met again in a

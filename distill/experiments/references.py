@@ -6,8 +6,9 @@ spec says `references: false`, two evaluation-only runs of `distill test`:
 
 - `start`: the base configs and the spec's fixed overrides, as every run of the grid, untrained;
 - `teacher`: the same with `model.student` set to the config's `model.teacher` (and
-  `model.student_dtype` to its `teacher_dtype` when the config sets one): the teacher in the
-  student's place.
+  `model.student_dtype` to its `teacher_dtype`, `data.student_context` to its
+  `data.teacher_context`, when the config sets them): the teacher in the student's place, reading
+  what it reads in training.
 
 `distill test` builds the same data module and callbacks as a fit, so the references see the same
 test tasks, test problems and TaskEvaluation settings as each run's final test. Neither depends on
@@ -68,18 +69,19 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return _merge(merged, data)
 
 
-def model_option(base: list[Path], overrides: dict[str, Any], name: str) -> Any:
-    """The value of `model.<name>` after the base configs and the dotted overrides (`model.X` and
-    `model.init_args.X` alike, later ones winning); None when nothing sets it."""
+def model_option(base: list[Path], overrides: dict[str, Any], name: str, section: str = "model") -> Any:
+    """The value of `<section>.<name>` (`model` or `data`) after the base configs and the dotted
+    overrides (`model.X` and `model.init_args.X` alike, later ones winning); None when nothing
+    sets it."""
     value = None
     for path in base:
-        model = _load(Path(path)).get("model")
-        if isinstance(model, dict):
-            init_args = model.get("init_args")
-            for source in (model, init_args if isinstance(init_args, dict) else {}):
+        block = _load(Path(path)).get(section)
+        if isinstance(block, dict):
+            init_args = block.get("init_args")
+            for source in (block, init_args if isinstance(init_args, dict) else {}):
                 if source.get(name) is not None:
                     value = source[name]
-    for key in (f"model.{name}", f"model.init_args.{name}"):
+    for key in (f"{section}.{name}", f"{section}.init_args.{name}"):
         if overrides.get(key) is not None:
             value = overrides[key]
     return value
@@ -112,6 +114,10 @@ def reference_runs(spec: SweepSpec) -> tuple[list[Run], list[str]]:
             dtype = model_option(spec.base, overrides, "teacher_dtype")
             if dtype is not None:
                 own["model.student_dtype"] = dtype
+            # A teacher-only context is part of the teacher: test it reading that context.
+            context = model_option(spec.base, overrides, "teacher_context", section="data")
+            if context is not None:
+                own["data.student_context"] = context
         nest(own)
         name = f"{DIRNAME}/{kind}"
         runs.append(

@@ -26,6 +26,11 @@ class RolloutBatch:
     still-running row per decode step; padding and finished rows excluded, so the count does not
     depend on how prompts were batched). Teacher rows read from the cache cost no teacher forward
     tokens; `cached_teacher_rows` says how many there were.
+
+    Teacher-only context: when the teacher read a prompt of its own, `teacher_input_ids` /
+    `teacher_attention_mask` (`[B, T_t]`) are that prompt (left-padded) followed by the same
+    completion columns as `input_ids`; the two views align on their last `completion_width`
+    columns. Both are None when the teacher read `input_ids` like the student.
     """
 
     input_ids: Tensor
@@ -39,6 +44,8 @@ class RolloutBatch:
     student_forward_tokens: int = 0
     rollout_seconds: float = 0.0
     cached_teacher_rows: int = 0
+    teacher_input_ids: Tensor | None = None
+    teacher_attention_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = self.input_ids.shape
@@ -49,6 +56,33 @@ class RolloutBatch:
                 )
         if bool((self.teacher_token_mask & ~self.completion_mask).any()):
             raise ValueError("teacher_token_mask must be a subset of completion_mask")
+        if (self.teacher_input_ids is None) != (self.teacher_attention_mask is None):
+            raise ValueError("teacher_input_ids and teacher_attention_mask must be given together")
+        if self.teacher_input_ids is not None:
+            t_shape, width = self.teacher_input_ids.shape, self.completion_width
+            if self.teacher_attention_mask.shape != t_shape:
+                raise ValueError(
+                    f"teacher_attention_mask must have shape {tuple(t_shape)} like teacher_input_ids, "
+                    f"got {tuple(self.teacher_attention_mask.shape)}"
+                )
+            if t_shape[0] != shape[0] or t_shape[1] <= width:
+                raise ValueError(
+                    f"teacher_input_ids must be [{shape[0]}, prompt + {width} completion columns], "
+                    f"got {tuple(t_shape)}"
+                )
+            if not torch.equal(self.teacher_input_ids[:, -width:], self.input_ids[:, -width:]):
+                raise ValueError("teacher_input_ids must end in the same completion columns as input_ids")
+
+    @property
+    def completion_width(self) -> int:
+        """Columns after the prompt: generated tokens and the padding after each row's EOS."""
+        return int(self.input_ids.shape[1]) - self.prompt_length
+
+    def teacher_inputs(self) -> tuple[Tensor, Tensor]:
+        """`(input_ids, attention_mask)` as the teacher reads them: its own view when it has one."""
+        if self.teacher_input_ids is not None:
+            return self.teacher_input_ids, self.teacher_attention_mask
+        return self.input_ids, self.attention_mask
 
     @property
     def batch_size(self) -> int:
@@ -69,6 +103,9 @@ class RolloutBatch:
         moved = copy.copy(self)
         for name in ("input_ids", "attention_mask", "completion_mask", "teacher_token_mask"):
             setattr(moved, name, getattr(self, name).to(device))
+        if self.teacher_input_ids is not None:
+            moved.teacher_input_ids = self.teacher_input_ids.to(device)
+            moved.teacher_attention_mask = self.teacher_attention_mask.to(device)
         return moved
 
     def prompt_ids(self) -> list[list[int]]:

@@ -54,17 +54,29 @@ def teacher_identity(model: nn.Module) -> str:
     return f"{name}@{digest.hexdigest()[:16]}"
 
 
-def row_key(identity: str, prompt_ids: list[int], occurrence: int, settings: dict, seed: int | None) -> str:
-    """The cache key (hex SHA-256) of one teacher-written row."""
+def row_key(
+    identity: str,
+    prompt_ids: list[int],
+    occurrence: int,
+    settings: dict,
+    seed: int | None,
+    teacher_prompt: list[int] | None = None,
+) -> str:
+    """The cache key (hex SHA-256) of one teacher-written row. `teacher_prompt`: the teacher's own
+    prompt when it reads one the student does not (teacher-only context); `prompt_ids` still seeds
+    the row's random stream, so both enter the key."""
+    fields = {
+        "teacher": identity,
+        "prompt": prompt_ids,
+        "occurrence": occurrence,
+        "settings": settings,
+        "seed": seed,
+        "sampler": SAMPLER_VERSION,
+    }
+    if teacher_prompt is not None:  # absent otherwise, so keys written before it still match
+        fields["teacher_prompt"] = teacher_prompt
     blob = json.dumps(
-        {
-            "teacher": identity,
-            "prompt": prompt_ids,
-            "occurrence": occurrence,
-            "settings": settings,
-            "seed": seed,
-            "sampler": SAMPLER_VERSION,
-        },
+        fields,
         sort_keys=True,
         separators=(",", ":"),
     )

@@ -297,6 +297,7 @@ def decode(
     max_new_tokens: int,
     eos_token_ids: Sequence[int],
     pad_token_id: int,
+    model_prompts: Sequence[tuple[Tensor, Tensor] | None] | None = None,
 ) -> Decoded:
     """Decode a left-padded batch with every model in `models` stepped together (KV caches).
 
@@ -304,15 +305,24 @@ def decode(
     not shift positions. A row stops at its first EOS and then emits `pad_token_id`; the loop ends
     when every row has stopped or `max_new_tokens` tokens were written. Logits are sliced to
     `vocab_size` columns so padded embedding rows are never sampled. Call under `eval_no_grad`.
+
+    `model_prompts[i]`, when given and not None, is model i's own left-padded prompt batch
+    `(input_ids, attention_mask)` (same rows, any width) in place of `input_ids`: a teacher
+    conditioned on a context the student does not see. Every model then reads the same
+    generated tokens after its own prompt.
     """
     b, device = input_ids.shape[0], input_ids.device
-    mask = attention_mask.long()
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    own = list(model_prompts) if model_prompts is not None else [None] * len(models)
+    if len(own) != len(models) or any(p is not None and p[0].shape[0] != b for p in own):
+        raise ValueError(f"model_prompts must give one ({b}-row prompt batch or None) per model")
+    prompts = [(input_ids, attention_mask) if p is None else p for p in own]
+    masks = [m.long() for _, m in prompts]
+    step_ids = [ids for ids, _ in prompts]
+    step_positions = [(m.cumsum(-1) - 1).masked_fill(m == 0, 0) for m in masks]
     eos = torch.tensor(list(eos_token_ids), device=device)
     caches: list[object] = [None] * len(models)
     calls = [_forward_kwargs(model) for model in models]
-    forward_tokens = [int(mask.sum())] * len(models)
-    step_ids, step_positions = input_ids, positions
+    forward_tokens = [int(m.sum()) for m in masks]
     done = torch.zeros(b, dtype=torch.bool, device=device)
     tokens, teacher = [], []
     for _ in range(max_new_tokens):
@@ -321,9 +331,9 @@ def decode(
             cache_arg, keep_arg = calls[i]
             extra = {"logits_to_keep": 1} if keep_arg else {}
             out = model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_positions,
+                input_ids=step_ids[i],
+                attention_mask=masks[i],
+                position_ids=step_positions[i],
                 use_cache=True,
                 **{cache_arg: caches[i]},
                 **extra,
@@ -339,9 +349,9 @@ def decode(
             break
         live = int((~done).sum())
         forward_tokens = [n + live for n in forward_tokens]
-        step_ids = next_ids[:, None]
-        step_positions = step_positions[:, -1:] + 1
-        mask = torch.cat([mask, mask.new_ones(b, 1)], dim=-1)
+        step_ids = [next_ids[:, None]] * len(models)
+        step_positions = [p[:, -1:] + 1 for p in step_positions]
+        masks = [torch.cat([m, m.new_ones(b, 1)], dim=-1) for m in masks]
     tokens_t = torch.stack(tokens, dim=1)
     written = torch.ones_like(tokens_t, dtype=torch.bool)
     # A position counts until (and including) the row's first EOS.

@@ -50,6 +50,16 @@ class _Call:
     by_teacher: list[list[bool]]  # per generated token: written by the teacher
     forward_tokens: dict[str, int] = field(default_factory=lambda: {"teacher": 0, "student": 0})
     cached: int = 0  # teacher rows read from the cache
+    # The teacher's own prompt batch (teacher-only context), or None: it reads `input_ids`.
+    teacher_ids: Tensor | None = None
+    teacher_mask: Tensor | None = None
+    teacher_prompts: list[list[int]] | None = None
+
+    def prompt_of(self, role: str) -> tuple[Tensor, Tensor]:
+        """The left-padded prompt batch `role` ("teacher" or "student") decodes after."""
+        if role == "teacher" and self.teacher_ids is not None:
+            return self.teacher_ids, self.teacher_mask
+        return self.input_ids, self.mask
 
     @property
     def decode_kwargs(self) -> dict:
@@ -164,8 +174,16 @@ class RolloutSampler:
         attention_mask: Tensor,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        teacher_input_ids: Tensor | None = None,
+        teacher_attention_mask: Tensor | None = None,
     ) -> RolloutBatch:
         """Roll out a left-padded prompt batch (`input_ids`, `attention_mask`: `[B, P]`).
+
+        Teacher-only context: `teacher_input_ids` / `teacher_attention_mask` (`[B, P_t]`, left-padded,
+        the same rows) is the prompt the teacher reads instead, e.g. with a system prompt or
+        privileged context the student never sees. The teacher then writes its tokens after its
+        own prompt, the student after `input_ids`; the batch carries both views
+        (`RolloutBatch.teacher_input_ids`), aligned on the same completion tokens.
 
         Randomness: batch-level choices (the batch coin, the sequence permutation) use
         `generator` if given, else a generator seeded from `seed` and the batch's prompts, else
@@ -184,6 +202,17 @@ class RolloutSampler:
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be None or an integer, got {seed!r}")
         call = self._prepare(student, teacher, input_ids, attention_mask, generator, seed)
+        if (teacher_input_ids is None) != (teacher_attention_mask is None):
+            raise ValueError("teacher_input_ids and teacher_attention_mask must be given together")
+        if teacher_input_ids is not None:
+            check_left_padded(teacher_input_ids, teacher_attention_mask)
+            if teacher_input_ids.shape[0] != input_ids.shape[0]:
+                raise ValueError(
+                    f"teacher_input_ids must have {input_ids.shape[0]} rows like input_ids, "
+                    f"got {teacher_input_ids.shape[0]}"
+                )
+            call.teacher_ids, call.teacher_mask = teacher_input_ids, teacher_attention_mask.long()
+            call.teacher_prompts = _unpadded(teacher_input_ids, call.teacher_mask)
         with eval_no_grad(student, teacher):
             if self.granularity in ("batch", "sequence"):
                 self._sample_per_row(call, student, teacher)
@@ -206,7 +235,7 @@ class RolloutSampler:
             "vocab_size": vocab,
         }
         mask = attention_mask.long()
-        prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), mask.cpu())]
+        prompts = _unpadded(input_ids, mask)
         seen: dict[tuple[int, ...], int] = {}
         occurrence = []
         for p in prompts:
@@ -252,8 +281,16 @@ class RolloutSampler:
         if self.cache is not None and (call.seed is not None or self.temperature == 0) and teacher_idx:
             identity = teacher_identity(teacher)
             key_seed = None if self.temperature == 0 else call.seed  # greedy output ignores the seed
+            own = call.teacher_prompts  # the teacher's own prompt, when it reads one
             keys = {
-                i: row_key(identity, call.prompts[i], call.occurrence[i], call.settings, key_seed)
+                i: row_key(
+                    identity,
+                    call.prompts[i],
+                    call.occurrence[i],
+                    call.settings,
+                    key_seed,
+                    **({} if own is None else {"teacher_prompt": own[i]}),
+                )
                 for i in teacher_idx
             }
         todo = []
@@ -273,7 +310,8 @@ class RolloutSampler:
             self._decode_rows(call, student, "student", student_idx)
 
     def _decode_rows(self, call: _Call, model: nn.Module, role: str, idx: list[int]) -> None:
-        ids, m = strip_common_padding(call.input_ids[idx], call.mask[idx])
+        ids, m = call.prompt_of(role)
+        ids, m = strip_common_padding(ids[idx], m[idx])
         rule = self._single_rule(role == "teacher")
         out = decode([model], ids, m, rule, self._streams(call, role, idx), **call.decode_kwargs)
         call.forward_tokens[role] += out.forward_tokens[0]
@@ -284,7 +322,16 @@ class RolloutSampler:
         b = call.input_ids.shape[0]
         rule = self._token_rule() if self.granularity == "token" else self._speculative_rule(call.vocab)
         streams = self._streams(call, self.granularity, range(b))
-        out = decode([student, teacher], call.input_ids, call.mask, rule, streams, **call.decode_kwargs)
+        own = None if call.teacher_ids is None else [None, call.prompt_of("teacher")]
+        out = decode(
+            [student, teacher],
+            call.input_ids,
+            call.mask,
+            rule,
+            streams,
+            model_prompts=own,
+            **call.decode_kwargs,
+        )
         call.forward_tokens["student"], call.forward_tokens["teacher"] = out.forward_tokens
         self._collect(out, list(range(b)), call)
 
@@ -372,6 +419,12 @@ class RolloutSampler:
         prompt_false = torch.zeros(b, p, dtype=torch.bool, device=device)
         completion = torch.cat([prompt_false, written.to(device)], dim=1)
         teacher_tokens = int(teacher.sum())
+        teacher_view = {}
+        if call.teacher_ids is not None:
+            teacher_view = {
+                "teacher_input_ids": torch.cat([call.teacher_ids, gen.to(device)], dim=1),
+                "teacher_attention_mask": torch.cat([call.teacher_mask, written.to(device).long()], dim=1),
+            }
         return RolloutBatch(
             input_ids=torch.cat([input_ids, gen.to(device)], dim=1),
             attention_mask=torch.cat([mask, written.to(device).long()], dim=1),
@@ -384,4 +437,10 @@ class RolloutSampler:
             student_forward_tokens=fwd["student"],
             rollout_seconds=seconds,
             cached_teacher_rows=call.cached,
+            **teacher_view,
         )
+
+
+def _unpadded(input_ids: Tensor, mask: Tensor) -> list[list[int]]:
+    """Each row's ids with the padding (mask 0) removed."""
+    return [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), mask.cpu())]

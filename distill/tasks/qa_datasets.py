@@ -242,6 +242,7 @@ class QATask:
             "options": options,
             "answer": answer,
             "answer_text": item.answer_text,
+            "reasoning": item.reasoning,  # the dataset's own reasoning: privileged teacher context
             "reference": qa.reference(item.reasoning, options, item.answer_index, item.answer_text),
             "source_index": item.source_index,
         }

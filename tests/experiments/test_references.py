@@ -102,6 +102,18 @@ def test_the_teacher_is_read_through_base_includes_and_overrides(tmp_path):
     assert model_option([tmp_path / "missing.yaml"], {}, "teacher") is None
 
 
+def test_the_teacher_reference_reads_the_teacher_only_context(tmp_path):
+    (tmp_path / "a.yaml").write_text(
+        "model: {init_args: {teacher: t}}\ndata: {init_args: {teacher_context: 'Reason in Spanish.'}}\n"
+    )
+    spec = parse_spec({"name": "s", "base": "a.yaml", "axes": {"mix": [0]}}, root=tmp_path)
+    runs, _ = reference_runs(spec)
+    by_kind = {r.reference: r.overrides for r in runs}
+    assert by_kind["teacher"]["data.student_context"] == "Reason in Spanish."
+    assert by_kind["start"] == {}  # the start is the student: it reads its own prompt
+    assert model_option([tmp_path / "a.yaml"], {"data.teacher_context": "x"}, "teacher_context", "data") == "x"
+
+
 def test_staged_references_belong_to_the_first_stage(tmp_path):
     (tmp_path / "d.yaml").write_text("model: {init_args: {teacher: t}}\n")
     spec = parse_spec(

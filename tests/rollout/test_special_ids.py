@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from distill.data.module import PromptCollator
+from distill.data.prompts import PromptCollator
 from distill.models.tiny import char_tokenizer
 from distill.rollout import RolloutSampler
 from distill.rollout.special_ids import special_ids
