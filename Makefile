@@ -80,7 +80,7 @@ sweep-paper-qwen-sciq: ## the paper grid on SciQ, Qwen pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen_sciq.yaml
 
 gpu-smoke: ## a few steps of each paper pair on a GPU with the hub models cached: step time, tokens/s, peak memory
-	DISTILL=$(BIN)/distill bash benchmarks/gpu_smoke.sh
+	PYTHON=$(BIN)/python bash benchmarks/gpu_smoke.sh
 
 # `make report` defaults to the committed tiny-world study: experiments/results/tiny_grid (the study
 # on tiny world v2, written by `make sweep-tiny`) once it exists, until then tiny_grid_v1 (the
