@@ -45,6 +45,7 @@ done
 
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+unset DISTILL_ROLLOUT_CACHE  # timings of fresh rollouts, never of cached teacher rollouts
 
 models=()
 for pair in "${PAIR_LIST[@]}"; do models+=("${STUDENT[$pair]}" "${TEACHER[$pair]}"); done

@@ -188,3 +188,64 @@ def test_qa_sets_score_the_extracted_answer_as_the_task_does(
     expected = sum(row["answer"] == letter for row in rows) / len(rows)
     assert scores == {get_task(spec).name: pytest.approx(expected)}
     assert 0 < expected < 1  # the shuffled options put that letter right on some rows only
+
+
+@pytest.mark.slow  # builds the quick tiny world once per session (shared with tests/test_cli.py)
+def test_distill_fit_measures_retention_from_dataset_specs(tiny_world_cache, tmp_path, monkeypatch):
+    """Through `distill fit`: trained on the SciQ fixture, retention on the MedReason fixture
+    (accuracy) and on the SciQ passages the run does not train on (NLL)."""
+    from distill.lightning_cli import run_lightning_cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    train = f"sciq:{SCIQ}?val=3&test=4"
+    medreason = f"medreason:{FIXTURES / 'qa' / 'medreason.jsonl'}?val=2&test=2"
+    forgetting = {
+        "class_path": "distill.callbacks.Forgetting",
+        "init_args": {
+            "sets": [medreason],
+            "nll_texts": {"sciq_support": f"text:{SCIQ}?field=support&rows=20"},
+            "num_examples": 4,
+            "every_n_steps": 1,
+            "max_new_tokens": 8,
+        },
+    }
+    short = {
+        "trainer.max_steps": "2",
+        "trainer.val_check_interval": "2",
+        "trainer.callbacks": json.dumps([forgetting]),
+        "data.task": train,
+        "data.test_tasks": json.dumps([train]),
+        "data.batch_size": "4",
+        "data.val_size": "3",
+        "data.test_size": "4",
+        "data.eval_batch_size": "8",
+        "data.max_new_tokens": "8",
+        "data.eval_max_new_tokens": "8",
+        "data.train_size": "13",
+        "run_dir": str(tmp_path / "run"),
+    }
+    args = [a for key, value in short.items() for a in (f"--{key}", value)]
+    metrics = run_lightning_cli(["fit", "--config", "configs/tiny/base.yaml", *args])
+    name = get_task(medreason).name
+    assert 0.0 <= metrics[f"forgetting/{name}/score"] <= 1.0
+    assert metrics["forgetting/sciq_support/score"] > 0.0 and "forgetting/mean_delta" in metrics
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["status"] == "finished"
+    # Independently: the exported (final) student's NLL per token on the passages of the 7 rows
+    # the run held out, i.e. the text set minus the 13 rows it trained on.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "student").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "student")
+    task = get_task(train)
+    held_out = sorted({task.items[i].source_index for i in (*task.parts["val"], *task.parts["test"])})
+    with SCIQ.open() as f:
+        support = [json.loads(line)["support"] for line in f]
+    assert len(held_out) == 7
+    total = count = 0.0
+    for index in held_out:
+        ids = tokenizer(support[index], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = student(input_ids=ids).logits[0, :-1, : len(tokenizer)]
+        total += float(F.cross_entropy(logits.double(), ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    assert metrics["forgetting/sciq_support/score"] == pytest.approx(total / count, rel=1e-4)
