@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -66,6 +66,21 @@ sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub a
 
 sweep-paper-qwen: ## the paper grid on Qwen2.5-7B -> Qwen2.5-1.5B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen.yaml
+
+sweep-paper-llama-medreason: ## the paper grid on MedReason, Llama pair (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_llama_medreason.yaml
+
+sweep-paper-llama-sciq: ## the paper grid on SciQ, Llama pair (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_llama_sciq.yaml
+
+sweep-paper-qwen-medreason: ## the paper grid on MedReason, Qwen pair (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_qwen_medreason.yaml
+
+sweep-paper-qwen-sciq: ## the paper grid on SciQ, Qwen pair (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_qwen_sciq.yaml
+
+gpu-smoke: ## a few steps of each paper pair on a GPU with the hub models cached: step time, tokens/s, peak memory
+	PYTHON=$(BIN)/python bash benchmarks/gpu_smoke.sh
 
 # `make report` defaults to the committed tiny-world study: experiments/results/tiny_grid (the study
 # on tiny world v2, written by `make sweep-tiny`) once it exists, until then tiny_grid_v1 (the

@@ -7,10 +7,11 @@ and `RolloutDataModule`, with a run directory.
 
 A run directory holds `config.yaml` (the resolved config), `env.json` (package versions, git
 revision), `tensorboard/`, `checkpoints/last.ckpt` (every `--checkpoint_every_n_steps` optimiser
-steps and at the end of training; written atomically; no teacher tensors), `student/` (the exported
-student) and, written last and atomically, `metrics.json`: `status` is `finished` only when
-training, export and testing all finished, `diverged` (with a `reason`) when the non-finite guard
-stopped the run; metrics are strict JSON (NaN/inf as null, listed under `nonfinite`).
+steps and at the end of training; written atomically; no teacher tensors; deleted, with θ0, after
+a finished fit given `--drop_checkpoints true`), `student/` (the exported student) and, written
+last and atomically, `metrics.json`: `status` is `finished` only when training, export and
+testing all finished, `diverged` (with a `reason`) when the non-finite guard stopped the run;
+metrics are strict JSON (NaN/inf as null, listed under `nonfinite`).
 
 What a fit guarantees (`distill.rundir`): the run directory is locked while the fit runs; a
 finished run is never overwritten without `--overwrite`; a directory with a checkpoint is resumed
@@ -52,6 +53,7 @@ from distill.rundir import (
     check_trainer_flags,
     clear_fit_outputs,
     default_run_dir,
+    drop_checkpoints,
     finite_metrics,
     read_checkpoint_record,
 )
@@ -108,6 +110,15 @@ class DistillCLI(LightningCLI):
             default=False,
             help="resume even when the config differs from the checkpoint's; the change is recorded "
             "in <run_dir>/config_changes.json",
+        )
+        parser.add_argument(
+            "--drop_checkpoints",
+            type=bool,
+            default=False,
+            help="once the run has finished (metrics.json written with status finished), delete "
+            "<run_dir>/checkpoints/ (student weights and optimiser state) and theta0.safetensors; "
+            "metrics.json, student/ and tensorboard/ stay. Failed, diverged or interrupted runs keep "
+            "them and stay resumable",
         )
         parser.link_arguments("seed_everything", "data.seed")
 
@@ -243,6 +254,8 @@ class DistillCLI(LightningCLI):
                 metrics |= callback.summary()
         self._log_hparams(metrics)
         self._write_metrics(run_dir, metrics, status="finished")
+        if self.config.drop_checkpoints and rank_zero_only.rank == 0:
+            drop_checkpoints(run_dir)
         return metrics
 
     def _log_hparams(self, metrics: dict) -> None:

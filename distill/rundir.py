@@ -47,6 +47,7 @@ RESUME_FREE_KEYS = (
     "allow_config_change",
     "checkpoint_every_n_steps",
     "test_after_fit",
+    "drop_checkpoints",
 )
 
 
@@ -122,6 +123,33 @@ def clear_fit_outputs(run_dir: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+RESUME_STATE = ("checkpoints", "theta0.safetensors")  # what only a resume reads
+
+
+def drop_checkpoints(run_dir: Path) -> list[str]:
+    """Delete a finished run's resume state (`RESUME_STATE`: the student's weights and optimiser
+    state in `checkpoints/`, θ0 in `theta0.safetensors`); `metrics.json`, `student/`,
+    `tensorboard/` and the config stay. Refused unless `metrics.json` says `finished`: a failed,
+    diverged or interrupted run keeps what it needs to resume. Returns the names removed."""
+    status = read_status(run_dir)
+    if status != "finished":
+        raise RunDirError(
+            f"drop_checkpoints: run directory {str(run_dir)!r} holds no finished run (status "
+            f"{status!r}); its checkpoints stay so that it can resume"
+        )
+    removed = []
+    for name in RESUME_STATE:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 def check_trainer_flags(trainer: dict) -> None:

@@ -14,21 +14,28 @@ from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
 from distill.rollout import RolloutSampler
+from distill.tasks.qa_datasets import FILE_BUILDERS, parse_spec
 from distill.tasks.registry import get_task
+from distill.tasks.text_datasets import TextSet, is_text_spec, load_text_set
 
 ROWS_SEED = 7919  # retention rows: fixed, so every run and every step scores the same examples
 
 
-def load_nll_texts(nll_texts: Mapping[str, Sequence[str] | str] | None) -> dict[str, list[str]]:
-    """name -> texts, reading a `str` value as a UTF-8 file with one text per (non-empty) line."""
+def load_nll_texts(nll_texts: Mapping[str, Sequence[str] | str] | None) -> dict[str, list[str] | TextSet]:
+    """name -> texts, reading a `str` value as a text spec (``text:…``, see
+    `distill.tasks.text_datasets`; kept as its `TextSet`) or else a UTF-8 file with one text per
+    (non-empty) line."""
     if nll_texts is None:
         return {}
     if not isinstance(nll_texts, Mapping):
         raise ValueError(
-            f"Forgetting.nll_texts must be None or a mapping name -> texts or path, got {nll_texts!r}"
+            f"Forgetting.nll_texts must be None or a mapping name -> texts, path or text spec, got {nll_texts!r}"
         )
     out = {}
     for name, value in nll_texts.items():
+        if is_text_spec(value):
+            out[str(name)] = load_text_set(value, f"Forgetting.nll_texts[{name!r}]")
+            continue
         if isinstance(value, (str, Path)):
             path = Path(value)
             if not path.is_file():
@@ -38,12 +45,48 @@ def load_nll_texts(nll_texts: Mapping[str, Sequence[str] | str] | None) -> dict[
             texts = list(value)
         else:
             raise ValueError(
-                f"Forgetting.nll_texts[{name!r}] must be a list of strings or a path to a .txt file, got {value!r}"
+                f"Forgetting.nll_texts[{name!r}] must be a list of strings, a path to a .txt file or a "
+                f"text spec 'text:<source>?field=<name>', got {value!r}"
             )
         if not texts:
             raise ValueError(f"Forgetting.nll_texts[{name!r}] holds no texts")
         out[str(name)] = texts
     return out
+
+
+def source_key(source: str) -> str:
+    """A dataset source as compared between specs: a local file by its resolved path."""
+    if Path(source).suffix.lower() in FILE_BUILDERS:
+        return str(Path(source).expanduser().resolve())
+    return source
+
+
+def trained_rows(trainer) -> dict[tuple[str, str], frozenset[int]]:
+    """(source, split) -> the source row indices the run trains on, when its training task is a
+    dataset spec (`distill.tasks.qa_datasets`); empty otherwise."""
+    task = getattr(getattr(trainer, "datamodule", None), "task", None)
+    if not getattr(task, "spec", ""):
+        return {}
+    parsed = parse_spec(task.spec)
+    indices = frozenset(task.items[i].source_index for i in task.parts["train"])
+    return {(source_key(parsed.source), parsed.split): indices}
+
+
+def retention_rows(task, n: int, trained: dict | None = None) -> list[dict]:
+    """`n` fixed rows of a retention task: generated tasks by `ROWS_SEED`; a dataset spec's QA task
+    from its held-out parts (validation, then test), minus rows the run trains on."""
+    if not hasattr(task, "parts"):
+        return task.rows(n, seed=ROWS_SEED)
+    parsed = parse_spec(task.spec)
+    exclude = (trained or {}).get((source_key(parsed.source), parsed.split), frozenset())
+    held_out = task.rows(len(task.items), 0, "val") + task.rows(len(task.items), 0, "test")
+    rows = [row for row in held_out if row["source_index"] not in exclude][:n]
+    if not rows:
+        raise ValueError(
+            f"Forgetting.sets: {task.name!r} has no held-out rows outside this run's training rows "
+            f"(give the spec val=… or test=… sizes > 0)"
+        )
+    return rows
 
 
 class Forgetting(L.Callback):
@@ -58,13 +101,21 @@ class Forgetting(L.Callback):
     resumed run keeps measuring against the original student.
 
     Args:
-        sets: verifier-scored tasks (registry names; default: the tiny world's prior abilities),
-            scored by greedy accuracy of the student alone.
+        sets: verifier-scored tasks (registry names or QA dataset specs such as
+            ``sciq:allenai/sciq?split=test``; default: the tiny world's prior abilities), scored by
+            greedy accuracy of the student alone, prompted as in training (chat template or not)
+            and scored as the task scores it (extracted answer). A dataset spec's rows come from its
+            held-out parts (validation, then test), never from rows the run trains on.
         num_examples: examples per task set (fixed rows, the same at every evaluation).
         every_n_steps: evaluate every N optimiser steps (plus step 0 and the end).
-        nll_texts: optional text sets: a mapping name -> list of texts, or name -> path of a UTF-8
-            .txt file with one text per line (blank lines skipped). Read when the callback is built.
-        max_new_tokens: greedy completion budget for task sets.
+        nll_texts: optional text sets: a mapping name -> list of texts, name -> path of a UTF-8
+            .txt file with one text per line (blank lines skipped), or name -> text spec
+            ``text:<source>?field=<column>[&split=…&rows=…&seed=…&config=…]`` (hub id or local
+            json/jsonl/parquet/csv; seeded fixed rows; see `distill.tasks.text_datasets`). Rows the
+            run trains on (a training dataset spec with the same source and split) are left out.
+            Read when the callback is built.
+        max_new_tokens: greedy completion budget for task sets (a chat model reasoning before its
+            answer needs a few hundred tokens).
         batch_size: sequences per generation or forward pass.
     """
 
@@ -82,7 +133,9 @@ class Forgetting(L.Callback):
         self.num_examples = check_int(f"{owner}.num_examples", num_examples, 1)
         self.every_n_steps = check_int(f"{owner}.every_n_steps", every_n_steps, 1)
         self.interval = StepInterval(self.every_n_steps)
-        self.nll_texts = load_nll_texts(nll_texts)
+        loaded = load_nll_texts(nll_texts)
+        self.text_sets = {k: v for k, v in loaded.items() if isinstance(v, TextSet)}
+        self.nll_texts = {k: v.select() if isinstance(v, TextSet) else v for k, v in loaded.items()}
         self.max_new_tokens = check_int(f"{owner}.max_new_tokens", max_new_tokens, 1)
         self.batch_size = check_int(f"{owner}.batch_size", batch_size, 1)
         clash = sorted(set(self.sets) & set(self.nll_texts))
@@ -92,7 +145,7 @@ class Forgetting(L.Callback):
             )
         if not self.sets and not self.nll_texts:
             raise ValueError("Forgetting: sets and nll_texts are both empty; give at least one retention set")
-        self.rows = {name: get_task(name).rows(num_examples, seed=ROWS_SEED) for name in self.sets}
+        self.rows = {name: retention_rows(get_task(name), self.num_examples) for name in self.sets}
         self.baseline: dict[str, float] | None = None
         self.latest: dict[str, float] = {}
         self.last_step = -1
@@ -100,6 +153,16 @@ class Forgetting(L.Callback):
     # --- hooks ------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require(pl_module, StudentHolder, "Forgetting")
+        trained = trained_rows(trainer)
+        if not trained:
+            return
+        # Keep the dataset sets disjoint from the rows this run trains on (same source and split).
+        self.rows = {name: retention_rows(get_task(name), self.num_examples, trained) for name in self.sets}
+        for name, text_set in self.text_sets.items():
+            exclude = trained.get((source_key(text_set.spec.source), text_set.spec.split), frozenset())
+            self.nll_texts[name] = text_set.select(exclude=exclude)
+            if not self.nll_texts[name]:
+                raise ValueError(f"Forgetting.nll_texts[{name!r}]: every row is a training row of this run")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)

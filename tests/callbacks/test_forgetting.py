@@ -1,13 +1,20 @@
 """Forgetting: a tiny student taught a retention set and then trained on something else forgets it,
-and the callback's delta says so; NLL text sets; the step-0 baseline survives resuming."""
+and the callback's delta says so; NLL text sets (lists, files, text specs); dataset-spec sets stay
+disjoint from the run's training rows; the step-0 baseline survives resuming."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from distill.callbacks import Forgetting
+from distill.callbacks import Forgetting, forgetting
+from distill.tasks.registry import get_task
+from distill.tasks.text_datasets import load_text_set
 
 
 def lm_steps(model, tokenizer, texts: list[str], steps: int, lr: float) -> None:
@@ -118,3 +125,127 @@ def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
 def test_options_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Forgetting(**kwargs)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SCIQ = FIXTURES / "qa" / "sciq.jsonl"
+PASSAGES = FIXTURES / "text" / "passages.csv"
+
+
+def test_text_spec_sets_score_nll_on_their_fixed_rows(tiny_student, fake_trainer, fake_module):
+    spec = f"text:{PASSAGES}?field=text&rows=3&seed=1"
+    cb = Forgetting(sets=[], nll_texts={"passages": spec}, batch_size=2)
+    texts = load_text_set(spec).select()
+    assert cb.nll_texts["passages"] == texts and len(texts) == 3
+    module, trainer = fake_module(tiny_student), fake_trainer()
+    cb.on_train_start(trainer, module)
+    assert cb.latest["forgetting/passages/score"] == pytest.approx(cb.nll_per_token(module, texts))
+
+
+def test_dataset_sets_stay_disjoint_from_the_runs_training_rows(fake_trainer, fake_module, tiny_student):
+    # Trained on SciQ's fixture with one hold-out; retention on the same file with another one,
+    # and its `support` texts: neither may contain a row the run trains on.
+    training = get_task(f"sciq:{SCIQ}?val=2&test=2&seed=5")
+    trained = {training.items[i].source_index for i in training.parts["train"]}
+    retention = f"sciq:{SCIQ}?val=4&test=4&seed=9"
+    cb = Forgetting(
+        sets=[retention],
+        nll_texts={"support": f"text:{SCIQ}?field=support&rows=20"},
+        num_examples=8,
+    )
+    name = get_task(retention).name
+    assert len(cb.rows[name]) == 8  # before setup: its held-out parts (validation, then test)
+    assert {r["source_index"] for r in cb.rows[name]} & trained
+    cb.setup(fake_trainer(datamodule=SimpleNamespace(task=training)), fake_module(tiny_student), "fit")
+    kept = {r["source_index"] for r in cb.rows[name]}
+    assert kept and not kept & trained
+    assert kept <= {
+        get_task(retention).items[i].source_index
+        for i in (*get_task(retention).parts["val"], *get_task(retention).parts["test"])
+    }
+    with SCIQ.open() as f:
+        support = [json.loads(line)["support"] for line in f]
+    assert sorted(cb.nll_texts["support"]) == sorted(
+        support[i] for i in range(len(support)) if i not in trained
+    )
+
+
+def test_qa_sets_score_the_extracted_answer_as_the_task_does(
+    fake_trainer, fake_module, tiny_student, monkeypatch
+):
+    spec = f"sciq:{SCIQ}?val=3&test=3"
+    cb = Forgetting(sets=[spec], num_examples=6, max_new_tokens=8)
+    rows = cb.rows[get_task(spec).name]
+
+    letter = rows[0]["answer"]
+
+    class Written:  # the student gives one letter to every question, in a chat model's words
+        def completions(self, tokenizer):
+            return [f"Reasoning first. The answer is ({letter})"] * len(rows)
+
+    monkeypatch.setattr(forgetting, "student_rollouts", lambda *args: [Written()])
+    scores = cb.scores(fake_trainer(), fake_module(tiny_student))
+    expected = sum(row["answer"] == letter for row in rows) / len(rows)
+    assert scores == {get_task(spec).name: pytest.approx(expected)}
+    assert 0 < expected < 1  # the shuffled options put that letter right on some rows only
+
+
+@pytest.mark.slow  # builds the quick tiny world once per session (shared with tests/test_cli.py)
+def test_distill_fit_measures_retention_from_dataset_specs(tiny_world_cache, tmp_path, monkeypatch):
+    """Through `distill fit`: trained on the SciQ fixture, retention on the MedReason fixture
+    (accuracy) and on the SciQ passages the run does not train on (NLL)."""
+    from distill.lightning_cli import run_lightning_cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    train = f"sciq:{SCIQ}?val=3&test=4"
+    medreason = f"medreason:{FIXTURES / 'qa' / 'medreason.jsonl'}?val=2&test=2"
+    forgetting = {
+        "class_path": "distill.callbacks.Forgetting",
+        "init_args": {
+            "sets": [medreason],
+            "nll_texts": {"sciq_support": f"text:{SCIQ}?field=support&rows=20"},
+            "num_examples": 4,
+            "every_n_steps": 1,
+            "max_new_tokens": 8,
+        },
+    }
+    short = {
+        "trainer.max_steps": "2",
+        "trainer.val_check_interval": "2",
+        "trainer.callbacks": json.dumps([forgetting]),
+        "data.task": train,
+        "data.test_tasks": json.dumps([train]),
+        "data.batch_size": "4",
+        "data.val_size": "3",
+        "data.test_size": "4",
+        "data.eval_batch_size": "8",
+        "data.max_new_tokens": "8",
+        "data.eval_max_new_tokens": "8",
+        "data.train_size": "13",
+        "run_dir": str(tmp_path / "run"),
+    }
+    args = [a for key, value in short.items() for a in (f"--{key}", value)]
+    metrics = run_lightning_cli(["fit", "--config", "configs/tiny/base.yaml", *args])
+    name = get_task(medreason).name
+    assert 0.0 <= metrics[f"forgetting/{name}/score"] <= 1.0
+    assert metrics["forgetting/sciq_support/score"] > 0.0 and "forgetting/mean_delta" in metrics
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["status"] == "finished"
+    # Independently: the exported (final) student's NLL per token on the passages of the 7 rows
+    # the run held out, i.e. the text set minus the 13 rows it trained on.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "student").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "student")
+    task = get_task(train)
+    held_out = sorted({task.items[i].source_index for i in (*task.parts["val"], *task.parts["test"])})
+    with SCIQ.open() as f:
+        support = [json.loads(line)["support"] for line in f]
+    assert len(held_out) == 7
+    total = count = 0.0
+    for index in held_out:
+        ids = tokenizer(support[index], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = student(input_ids=ids).logits[0, :-1, : len(tokenizer)]
+        total += float(F.cross_entropy(logits.double(), ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    assert metrics["forgetting/sciq_support/score"] == pytest.approx(total / count, rel=1e-4)
