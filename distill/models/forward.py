@@ -5,6 +5,7 @@ mode without gradients, a state-dict hook that keeps frozen models out of checkp
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,12 @@ def causal_logits(
     kwargs = {}
     if keep is not None and forward_accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = keep + 1  # the last position predicts nothing and is dropped
+    elif keep is not None:
+        warnings.warn(
+            f"{type(model).__name__}.forward takes no logits_to_keep: every position's logits are "
+            "computed and sliced (the same numbers, without the memory saving)",
+            stacklevel=2,
+        )
     if forward_accepts(model, "use_cache"):
         kwargs["use_cache"] = False  # a scoring pass needs no KV cache (it would hold every layer's)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

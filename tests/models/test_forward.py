@@ -68,7 +68,8 @@ def test_a_model_without_logits_to_keep_falls_back_to_slicing_full_logits(tiny_s
     ids, attn = _batch(seed=1)
     seen = []
     model.model.lm_head.register_forward_hook(lambda m, inp, out: seen.append(inp[0].shape[1]))
-    lean = causal_logits(model, ids, attn, 100, keep=4)
+    with pytest.warns(UserWarning, match="NoKeep.forward takes no logits_to_keep: every position's logits"):
+        lean = causal_logits(model, ids, attn, 100, keep=4)
     torch.testing.assert_close(lean, direct_logits(tiny_student, ids, attn, 100)[:, -4:])
     assert seen[0] == 9  # every position went through the head: same numbers, no saving
 
@@ -107,7 +108,10 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_student, tmp_path):
     for checkpointing in (False, True):
         model = load_model(str(tmp_path), gradient_checkpointing=checkpointing).double()
         assert model.is_activation_checkpointing == checkpointing and model.training
+        calls = []
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
         causal_logits(model, ids, attn, 100, keep=5).square().mean().backward()
+        assert len(calls) == (2 if checkpointing else 1)  # the layer ran again in backward
         grads[checkpointing] = [p.grad for p in model.parameters()]
     assert (
         load_model(str(tmp_path), trainable=False, gradient_checkpointing=True).is_activation_checkpointing
