@@ -92,7 +92,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         eval_logit_budget_mb: evaluation scores rollouts in row chunks whose logits (student and
             teacher together, at the models' dtypes) stay within this many MiB (> 0).
         gradient_checkpointing: recompute the student's layer activations in backward instead of
-            keeping them (HF `gradient_checkpointing_enable`): less memory, about one more forward.
+            keeping them (HF activation checkpointing, non-reentrant): less memory for about one
+            more forward pass; the same gradient.
         attn_implementation: attention kernel of both models, passed to `from_pretrained` (`eager`,
             `sdpa`, `flash_attention_2`, ...: the names transformers knows); None = its default.
     """
