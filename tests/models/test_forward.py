@@ -109,7 +109,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_student, tmp_path):
         model = load_model(str(tmp_path), gradient_checkpointing=checkpointing).double()
         assert model.is_activation_checkpointing == checkpointing and model.training
         calls = []
-        model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_, calls=calls: calls.append(1))
         causal_logits(model, ids, attn, 100, keep=5).square().mean().backward()
         assert len(calls) == (2 if checkpointing else 1)  # the layer ran again in backward
         grads[checkpointing] = [p.grad for p in model.parameters()]
