@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ bench: ## loss benchmark: chunked vs naive divergences, peak memory and time rat
 
 bench-decode: ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing (needs make tiny-world)
 	$(BIN)/python benchmarks/decode.py
+
+bench-memory: ## memory benchmark: peak of a distillation step and an evaluation, full logits vs lean, V = 32k/128k/152k
+	$(BIN)/python benchmarks/memory.py
 
 demo: ## tiny world (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
 	$(BIN)/distill tiny-world

@@ -21,9 +21,10 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_int, check_number
-from distill.losses import ForwardKL, TokenDivergence, step_token_count, token_statistics
-from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
+from distill.losses import ForwardKL, TokenDivergence, step_token_count
+from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
+    check_attn_implementation,
     check_model_path,
     check_same_tokenizer,
     load_model,
@@ -40,7 +41,9 @@ from distill.training import (
     StepCost,
     StepResult,
     check_optimizer,
+    completion_statistics,
     log_texts,
+    student_optimizers,
 )
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
@@ -82,6 +85,17 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         max_nonfinite_steps: a step with a non-finite loss or gradient norm is skipped (weights
             untouched; counted as `train/nonfinite_steps`); this many in a row stop the run as
             diverged (`distill.training.NonFiniteGuard`).
+        lean_logits: both models' LM heads run only on the completion columns (the last K
+            positions of the rollout batch, `distill.models.forward.completion_width`), in training
+            and evaluation; False computes logits for every position (same numbers, more memory;
+            kept for `benchmarks/memory.py`).
+        eval_logit_budget_mb: evaluation scores rollouts in row chunks whose logits (student and
+            teacher together, at the models' dtypes) stay within this many MiB (> 0).
+        gradient_checkpointing: recompute the student's layer activations in backward instead of
+            keeping them (HF activation checkpointing, non-reentrant): less memory for about one
+            more forward pass; the same gradient.
+        attn_implementation: attention kernel of both models, passed to `from_pretrained` (`eager`,
+            `sdpa`, `flash_attention_2`, ...: the names transformers knows); None = its default.
     """
 
     def __init__(
@@ -98,6 +112,10 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         log_text_every: int = 50,
         num_text_samples: int = 2,
         max_nonfinite_steps: int = 5,
+        lean_logits: bool = True,
+        eval_logit_budget_mb: float = 512.0,
+        gradient_checkpointing: bool = False,
+        attn_implementation: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
@@ -108,6 +126,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(teacher_dtype, "model.teacher_dtype")
+        check_number("model.eval_logit_budget_mb", eval_logit_budget_mb, 0, open_min=True)
+        check_attn_implementation(attn_implementation, "model.attn_implementation")
         # Fail before any model is loaded: paths exist, tokenizers agree (tokenizers are cheap).
         self.student_path = check_model_path(student, "model.student")
         self.teacher_path = check_model_path(teacher, "model.teacher")
@@ -129,8 +149,17 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def configure_model(self) -> None:
         if self.student is not None:
             return
-        self.student = load_model(self.student_path, self.hparams.student_dtype, trainable=True)
-        self.teacher = load_model(self.teacher_path, self.hparams.teacher_dtype, trainable=False)
+        hp = self.hparams
+        self.student = load_model(
+            self.student_path,
+            hp.student_dtype,
+            trainable=True,
+            attn_implementation=hp.attn_implementation,
+            gradient_checkpointing=hp.gradient_checkpointing,
+        )
+        self.teacher = load_model(
+            self.teacher_path, hp.teacher_dtype, trainable=False, attn_implementation=hp.attn_implementation
+        )
         vocab_size(self.tokenizer, self.student, self.teacher)  # both cover the tokenizer
 
     def on_train_start(self) -> None:
@@ -142,35 +171,36 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.teacher.eval()
 
     def configure_optimizers(self):
-        params = [p for p in self.student.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params)
-        if self.scheduler_factory is None:
-            return optimizer
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"},
-        }
+        return student_optimizers(self.student, self.optimizer_factory, self.scheduler_factory)
 
-    def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
-        return causal_logits(model, input_ids, attention_mask, self.vocab_size)
+    def _logits(self, model, input_ids, attention_mask, keep: int | None = None) -> torch.Tensor:
+        return causal_logits(model, input_ids, attention_mask, self.vocab_size, keep)
 
-    def student_logits(self, rollout, rows: slice = slice(None)) -> torch.Tensor:
-        """The student's logits `[b, W, V]` at the positions predicting the `W` completion columns
-        of `rollout` (its last ones)."""
-        ids, attn = rollout.input_ids[rows], rollout.attention_mask[rows]
-        return self._logits(self.student, ids, attn)[:, -rollout.completion_width :]
+    def logit_columns(self, rollout, rows: slice = slice(None)) -> int | None:
+        """K, the last columns of the logits both models compute (`completion_width`: those that
+        predict completion tokens), or None for every position. Lean passes use K; so does a
+        teacher-only context whatever `lean_logits` says, since the teacher's positions line up
+        with the student's only from the right (its prompt has another width)."""
+        if self.hparams.lean_logits or rollout.teacher_input_ids is not None:
+            return completion_width(rollout.completion_mask[rows, 1:])
+        return None
 
-    def teacher_logits(self, rollout, rows: slice = slice(None)) -> torch.Tensor:
-        """The teacher's logits at the same completion positions, read from its own view (with a
-        teacher-only context, another prompt before the same completion), under no_grad (not
-        inference_mode: they meet autograd)."""
+    def student_logits(self, rollout, rows: slice = slice(None), keep: int | None = None) -> torch.Tensor:
+        """The student's logits over `rollout`'s rows: the last `keep` positions (None: all)."""
+        return self._logits(self.student, rollout.input_ids[rows], rollout.attention_mask[rows], keep)
+
+    def teacher_logits(self, rollout, rows: slice = slice(None), keep: int | None = None) -> torch.Tensor:
+        """The teacher's, read from its own view (`RolloutBatch.teacher_inputs`: with a teacher-only
+        context another prompt before the same completion), under no_grad (not inference_mode:
+        they meet autograd)."""
         ids, attn = rollout.teacher_inputs()
         with torch.no_grad():
-            return self._logits(self.teacher, ids[rows], attn[rows])[:, -rollout.completion_width :]
+            return self._logits(self.teacher, ids[rows], attn[rows], keep)
 
     def pair_logits(self, rollout, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-        """(student, teacher) logits, aligned on `rollout`'s completion positions."""
-        return self.student_logits(rollout, rows), self.teacher_logits(rollout, rows)
+        """(student, teacher) logits over the same columns (`logit_columns`)."""
+        keep = self.logit_columns(rollout, rows)
+        return self.student_logits(rollout, rows, keep), self.teacher_logits(rollout, rows, keep)
 
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> dict:
@@ -205,9 +235,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the
         completion tokens of the whole step. Returns the step's per-token means (`StepMeans`), the
         token count and wall seconds per phase."""
-        ids, width = rollout.input_ids, rollout.completion_width
-        mask = rollout.completion_mask[:, -width:]  # aligned with `pair_logits`' positions
-        teacher_written = rollout.teacher_token_mask[:, -width:]
+        ids = rollout.input_ids
+        mask = rollout.completion_mask[:, 1:]  # aligned with the logits (position t predicts t+1)
+        teacher_written = rollout.teacher_token_mask[:, 1:]
         num_items = step_token_count([mask])
         size = self.hparams.micro_batch_size or ids.shape[0]
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
@@ -215,32 +245,35 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         sums = torch.zeros(5, device=ids.device)
         for start in range(0, ids.shape[0], size):
             rows = slice(start, start + size)
+            # Lean: the last K columns only; masks and tokens are cut to the same columns.
+            keep = self.logit_columns(rollout, rows)
+            cols = slice(-keep if keep else None, None)
             t0 = time.perf_counter()
-            teacher = self.teacher_logits(rollout, rows)
+            teacher = self.teacher_logits(rollout, rows, keep)
             t1 = time.perf_counter()
-            student = self.student_logits(rollout, rows)
+            student = self.student_logits(rollout, rows, keep)
             if self.logit_grad_sink is not None:
                 record = self.logit_grad_sink.record
                 student.register_hook(
                     partial(
                         record,
-                        completion_mask=mask[rows],
-                        teacher_token_mask=teacher_written[rows],
+                        completion_mask=mask[rows, cols],
+                        teacher_token_mask=teacher_written[rows, cols],
                         num_items=num_items,
                     )
                 )
             loss, stats = self.divergence(
                 student,
                 teacher,
-                mask[rows],
-                tokens=ids[rows, -width:],
+                mask[rows, cols],
+                tokens=ids[rows, 1:][:, cols],
                 num_items=num_items,
                 return_statistics=True,
             )
             backward(loss)
             timings["teacher_forward"] += t1 - t0
             timings["student_forward_backward"] += time.perf_counter() - t1
-            m = mask[rows].float()
+            m = mask[rows, cols].float()
             keys = [f.name for f in fields(StepMeans)][1:]
             sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])
             del student, teacher, stats
@@ -278,11 +311,17 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         texts = rollout.completions(self.tokenizer)
         scores = torch.tensor([get_task(task).score(t, r) for t, r in zip(texts, rows)])
         self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
-        student, teacher = self.pair_logits(rollout)
-        stats = token_statistics(student, teacher)
-        mask = rollout.completion_mask[:, -rollout.completion_width :].float()
+        sums, count = completion_statistics(
+            self.student,
+            self.teacher,
+            rollout,
+            self.vocab_size,
+            self.hparams.eval_logit_budget_mb,
+            self.hparams.lean_logits,
+            second_inputs=rollout.teacher_inputs(),
+        )
         for key in ("forward_kl", "reverse_kl"):
-            self.eval_figure(f"{prefix}/{task}/{key}", (stats[key] * mask).sum(), mask.sum())
+            self.eval_figure(f"{prefix}/{task}/{key}", sums[key], count)
 
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:

@@ -25,6 +25,9 @@ from torchmetrics import Metric
 
 from distill.checks import check_int
 from distill.errors import Diverged
+from distill.losses import token_statistics
+from distill.losses.functional import STATISTICS
+from distill.models.forward import causal_logits, completion_width, row_chunks
 from distill.rollout import RolloutBatch
 
 
@@ -79,6 +82,18 @@ def step_result(outputs) -> StepResult | None:
     """The `StepResult` in a training step's `outputs`, or None (another module's step)."""
     step = outputs.get("step") if isinstance(outputs, dict) else None
     return step if isinstance(step, StepResult) else None
+
+
+def student_optimizers(student, optimizer_factory, scheduler_factory=None):
+    """`configure_optimizers`' answer: the optimiser over the student's trainable parameters only
+    (never a frozen teacher's or reference's) and, with a schedule, stepped once per optimiser step."""
+    optimizer = optimizer_factory([p for p in student.parameters() if p.requires_grad])
+    if scheduler_factory is None:
+        return optimizer
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": scheduler_factory(optimizer), "interval": "step"},
+    }
 
 
 def check_optimizer(optimizer, lr_scheduler=None, owner: str = "model") -> None:
@@ -198,3 +213,37 @@ class EvalFigures:
 
     def on_test_epoch_end(self) -> None:
         self._log_eval_figures("test")
+
+
+@torch.no_grad()
+def completion_statistics(
+    first,
+    second,
+    rollout: RolloutBatch,
+    vocab_size: int,
+    budget_mb: float,
+    lean: bool = True,
+    second_inputs: tuple[Tensor, Tensor] | None = None,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Sums over the rollout's completion tokens of `token_statistics(first's logits, second's)`
+    (both exact KLs, both entropies; `first` plays the student) and the token count, for the
+    evaluation of either module. Rows go in chunks whose logits of both models together stay within
+    `budget_mb` MiB; with `lean` only the completion columns go through the LM heads.
+    `second_inputs`: the `(input_ids, attention_mask)` `second` reads instead of the rollout's (a
+    teacher-only context, `RolloutBatch.teacher_inputs`); the columns then align from the right,
+    so only the completion columns are scored whatever `lean` says."""
+    ids, attn = rollout.input_ids, rollout.attention_mask
+    other_ids, other_attn = (ids, attn) if second_inputs is None else second_inputs
+    mask = rollout.completion_mask[:, 1:]
+    keep = completion_width(mask) if lean or other_ids is not ids else None
+    cols = slice(-keep if keep else None, None)
+    itemsize = sum(m.get_output_embeddings().weight.element_size() for m in (first, second))
+    sums: dict[str, Tensor] = {}
+    for rows in row_chunks(ids.shape[0], keep or mask.shape[1], vocab_size, budget_mb, itemsize):
+        a = causal_logits(first, ids[rows], attn[rows], vocab_size, keep)
+        b = causal_logits(second, other_ids[rows], other_attn[rows], vocab_size, keep)
+        stats, m = token_statistics(a, b), mask[rows, cols].float()
+        for key in STATISTICS:  # in the statistics' dtype (float32; float64 for float64 models)
+            sums[key] = sums.get(key, 0.0) + (stats[key] * m).sum()
+        del a, b, stats
+    return sums, mask.float().sum()

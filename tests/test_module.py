@@ -6,6 +6,7 @@ import torch
 from distill.losses import ForwardKL, ReverseKL
 from distill.module import DistillationModule
 from distill.rollout import RolloutBatch
+from distill.training import completion_statistics
 
 
 def _module(world, divergence=None, micro_batch_size=None):
@@ -183,3 +184,10 @@ def test_a_teacher_only_context_is_what_the_teacher_reads(quick_world):
     torch.testing.assert_close(means.reverse_kl, reverse, rtol=1e-4, atol=1e-6)
     plain, _, _ = _module(quick_world).accumulate_gradients(base)
     assert abs(float(plain.forward_kl) - float(forward)) > 1e-3
+    # Evaluation reads the same views, lean or not (the columns align from the right either way).
+    for lean in (True, False):
+        sums, count = completion_statistics(
+            module.student, module.teacher, rollout, vocab, 1e-3, lean, second_inputs=rollout.teacher_inputs()
+        )
+        torch.testing.assert_close(sums["forward_kl"] / count, forward, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(sums["reverse_kl"] / count, reverse, rtol=1e-4, atol=1e-6)

@@ -53,11 +53,14 @@ def student_rollouts(
     return out
 
 
-def next_token_logits(model, input_ids: Tensor, attention_mask: Tensor, vocab_size: int) -> Tensor:
-    """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1, in eval mode without gradients
-    (positions counted from each row's first real token, as in training)."""
+def next_token_logits(
+    model, input_ids: Tensor, attention_mask: Tensor, vocab_size: int, keep: int | None = None
+) -> Tensor:
+    """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1 (with `keep` = K: the last K only,
+    see `distill.models.forward.causal_logits`), in eval mode without gradients (positions counted
+    from each row's first real token, as in training)."""
     with eval_no_grad(model):
-        return causal_logits(model, input_ids, attention_mask, vocab_size)
+        return causal_logits(model, input_ids, attention_mask, vocab_size, keep)
 
 
 def log_scalars(trainer, metrics: dict[str, float], step: int | None = None) -> None:

@@ -11,6 +11,7 @@ from distill.callbacks.options import check_tasks
 from distill.checks import check, check_int, check_number, is_int
 from distill.metrics.entropy import masked_sum_count, token_entropy
 from distill.metrics.sampled_coverage import coverage_metrics
+from distill.models.forward import completion_width
 from distill.rollout import RolloutSampler
 from distill.seeds import path_seed
 from distill.tasks.registry import get_task
@@ -148,12 +149,14 @@ class TaskEvaluation(L.Callback):
                 answers.append(
                     task.answer(text, row) if getattr(task, "answer_uses_row", False) else task.answer(text)
                 )
-            # Rows per forward pass bounded so the float32 logits stay under ~256 MB.
-            step = max(1, LOGIT_BUDGET // (rollout.input_ids.shape[1] * pl_module.vocab_size))
+            # Logits of the completion columns only, in row chunks of at most ~256 MB of float32.
+            mask = rollout.completion_mask[:, 1:]
+            keep = completion_width(mask)
+            step = max(1, LOGIT_BUDGET // (keep * pl_module.vocab_size))
             for r in range(0, rollout.batch_size, step):
                 ids, attn = rollout.input_ids[r : r + step], rollout.attention_mask[r : r + step]
-                logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size)
-                s, c = masked_sum_count(token_entropy(logits), rollout.completion_mask[r : r + step, 1:])
+                logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size, keep)
+                s, c = masked_sum_count(token_entropy(logits), mask[r : r + step, -keep:])
                 entropy_sum, entropy_count = entropy_sum + s, entropy_count + c
         by_problem = [slice(i, i + n) for i in range(0, len(correct), n)]
         values = coverage_metrics([correct[s] for s in by_problem], [answers[s] for s in by_problem], self.ks)

@@ -85,7 +85,8 @@ def judge_nll(judge, writer, tokenizer, prompts: list[str], max_new_tokens: int 
     keep = (eos.cumsum(1) - eos) == 0
     attention = torch.cat([prompt_mask, keep.long()], dim=1)
     with eval_no_grad(judge):
-        logits = causal_logits(judge, ids, attention, len(tokenizer))[:, width - 1 :].float()
+        # Only the completion's positions go through the judge's LM head.
+        logits = causal_logits(judge, ids, attention, len(tokenizer), keep=new.shape[1]).float()
     nll = -torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
     digit_ids = torch.tensor([tokenizer.convert_tokens_to_ids(d) for d in "0123456789"])
     is_digit = torch.isin(new, digit_ids)

@@ -1,9 +1,11 @@
 """What the LightningModules, callbacks and evaluations share about a causal LM: its logits over
-the real vocabulary, eval mode without gradients, a state-dict hook that keeps frozen models out
-of checkpoints, and export."""
+the real vocabulary (all positions, or only the completion region: "lean" forward passes), eval
+mode without gradients, a state-dict hook that keeps frozen models out of checkpoints, and export."""
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,15 +13,64 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from distill.checks import check_int, check_number
+
+
+def forward_accepts(model, name: str) -> bool:
+    """Whether `model`'s forward takes the keyword `name` (HF causal LMs take `logits_to_keep`)."""
+    return name in inspect.signature(model.forward).parameters
+
+
+def completion_width(mask: torch.Tensor) -> int:
+    """K: how many trailing columns of `mask` (`[B, T-1]`, the completion mask aligned with the
+    logits) hold all of its True entries, at least 1. Rollouts are left-padded prompts followed by
+    completions, so every completion ends a row in the same last columns: only the last K
+    positions need logits. Counted from the right, so two models whose prompts differ in width
+    (a teacher with its own context) still align on the same completion tokens."""
+    columns = mask.bool().any(0).nonzero()
+    return mask.shape[-1] - int(columns[0]) if columns.numel() else 1
+
 
 def causal_logits(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vocab_size: int,
+    keep: int | None = None,
 ) -> torch.Tensor:
-    """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1. Positions count from each row's
-    first real token, as in decoding (left padding), and padded embedding rows are cut off."""
+    """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1, or with `keep` = K only the last K:
+    `[B, K, vocab_size]` predicting tokens T-K..T-1 (`completion_width`). Positions count from each
+    row's first real token, as in decoding (left padding), and padded embedding rows are cut off.
+
+    With `keep`, only those K positions go through the LM head when the model's forward takes
+    `logits_to_keep` (HF Llama, Qwen2 and the other decoder-only models of transformers >= 5); a
+    model that does not take it computes every position's logits and they are sliced (the same
+    numbers, without the memory saving). Hidden states are not sliced by hand: that would skip
+    whatever a model's head does besides the projection (final soft-capping, logit scaling)."""
+    seq = input_ids.shape[1]
+    width = seq - 1 if keep is None else check_int("keep", keep, 1, seq - 1)
+    kwargs = {}
+    if keep is not None and forward_accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = keep + 1  # the last position predicts nothing and is dropped
+    elif keep is not None:
+        warnings.warn(
+            f"{type(model).__name__}.forward takes no logits_to_keep: every position's logits are "
+            "computed and sliced (the same numbers, without the memory saving)",
+            stacklevel=2,
+        )
+    if forward_accepts(model, "use_cache"):
+        kwargs["use_cache"] = False  # a scoring pass needs no KV cache (it would hold every layer's)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    return logits[:, :-1, :vocab_size]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+    return out.logits[:, -(width + 1) : -1, :vocab_size]
+
+
+def row_chunks(batch: int, width: int, vocab_size: int, budget_mb: float, itemsize: int) -> list[slice]:
+    """Row slices of a `batch` whose `[rows, width, vocab_size]` logits at `itemsize` bytes each
+    stay within `budget_mb` megabytes (2**20 bytes) per chunk (at least one row per chunk)."""
+    check_number("budget_mb", budget_mb, 0, open_min=True)
+    rows = max(1, int(budget_mb * 2**20) // max(1, width * vocab_size * itemsize))
+    return [slice(start, start + rows) for start in range(0, batch, rows)]
 
 
 @contextmanager

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from distill.checks import check_choice
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -100,13 +102,40 @@ def check_same_tokenizer(teacher_tok, student_tok, teacher: str, student: str) -
             )
 
 
+def attention_implementations() -> list[str]:
+    """The attention implementations this transformers version knows (`attn_implementation`)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ["eager", *sorted(ALL_ATTENTION_FUNCTIONS.keys())]
+
+
+def check_attn_implementation(name: str | None, field: str = "attn_implementation") -> str | None:
+    """`name` if transformers knows it (None: the model's default, sdpa where supported)."""
+    if name is not None:
+        check_choice(field, name, attention_implementations())
+    return name
+
+
 def load_model(
-    path: str, dtype: str | None = None, device: str | torch.device | None = None, trainable: bool = True
+    path: str,
+    dtype: str | None = None,
+    device: str | torch.device | None = None,
+    trainable: bool = True,
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
 ):
-    """An `AutoModelForCausalLM`; a frozen one (``trainable=False``) is in eval mode with no grads."""
+    """An `AutoModelForCausalLM`; a frozen one (``trainable=False``) is in eval mode with no grads.
+
+    `attn_implementation` goes to `from_pretrained` (None: transformers' default). With
+    `gradient_checkpointing` (trainable models only) each decoder layer's activations are
+    recomputed in backward instead of kept (non-reentrant `torch.utils.checkpoint`): less memory
+    for about one more forward pass; the gradient is the same."""
     from transformers import AutoModelForCausalLM
 
+    check_attn_implementation(attn_implementation)
     kwargs = {"dtype": resolve_dtype(dtype)} if resolve_dtype(dtype) is not None else {}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(
         str(Path(path).expanduser()) if looks_local(path) else path, **kwargs
     )
@@ -115,6 +144,17 @@ def load_model(
     # from_pretrained returns eval mode; a student must train (dropout etc.), a teacher never.
     model.train(trainable)
     model.requires_grad_(trainable)
+    if gradient_checkpointing and trainable:
+        if not model.supports_gradient_checkpointing:
+            raise ValueError(
+                f"model {path!r} ({type(model).__name__}) does not support gradient checkpointing"
+            )
+        # transformers >= 5.x names it activation checkpointing (the old name warns until v6).
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 

@@ -35,9 +35,10 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
-from distill.losses import step_token_count, token_statistics
-from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
+from distill.losses import step_token_count
+from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
+    check_attn_implementation,
     check_model_path,
     check_same_tokenizer,
     load_model,
@@ -46,13 +47,8 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.names import KL_ESTIMATORS
-from distill.rl.objective import (
-    GRPOBatch,
-    clipped_surrogate,
-    group_advantages,
-    kl_penalty,
-    token_logprobs,
-)
+from distill.rl.logprobs import token_logprobs_and_kl
+from distill.rl.objective import GRPOBatch, check_sampling, clipped_surrogate, group_advantages, kl_penalty
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -62,7 +58,9 @@ from distill.training import (
     StepCost,
     StepResult,
     check_optimizer,
+    completion_statistics,
     log_texts,
+    student_optimizers,
 )
 
 
@@ -100,6 +98,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         num_text_samples: completions per text log.
         max_nonfinite_steps: an optimiser step with a non-finite loss or gradient norm is skipped
             (counted as `train/nonfinite_steps`); this many in a row stop the run as diverged.
+        lean_logits, eval_logit_budget_mb, gradient_checkpointing, attn_implementation: as in
+            `DistillationModule`, the reference in the teacher's place. Log-probabilities are
+            computed in chunks of positions (`distill.rl.logprobs`), as the divergences are.
     """
 
     def __init__(
@@ -123,6 +124,10 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         log_text_every: int = 50,
         num_text_samples: int = 4,
         max_nonfinite_steps: int = 5,
+        lean_logits: bool = True,
+        eval_logit_budget_mb: float = 512.0,
+        gradient_checkpointing: bool = False,
+        attn_implementation: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -139,6 +144,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(reference_dtype, "model.reference_dtype")
+        check_number("model.eval_logit_budget_mb", eval_logit_budget_mb, 0, open_min=True)
+        check_attn_implementation(attn_implementation, "model.attn_implementation")
         self.student_path = check_model_path(student, "model.student")
         self.tokenizer = load_tokenizer(self.student_path)
         self.use_reference = kl_coef > 0 or log_kl_to_start
@@ -166,28 +173,23 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def configure_model(self) -> None:
         if self.student is not None:
             return
-        self.student = load_model(self.student_path, self.hparams.student_dtype, trainable=True)
+        hp = self.hparams
+        attn = {"attn_implementation": hp.attn_implementation}
+        self.student = load_model(
+            self.student_path, hp.student_dtype, gradient_checkpointing=hp.gradient_checkpointing, **attn
+        )
         models = [self.student]
         if self.use_reference:
-            self.reference = load_model(self.reference_path, self.hparams.reference_dtype, trainable=False)
+            self.reference = load_model(self.reference_path, hp.reference_dtype, trainable=False, **attn)
             models.append(self.reference)
         vocab_size(self.tokenizer, *models)
 
     def on_fit_start(self) -> None:
         data = self.trainer.datamodule
-        group_size = getattr(getattr(data, "hparams", None), "group_size", None)
-        if group_size is not None and group_size < 2:
-            raise ValueError(
-                f"data.group_size must be >= 2 for GRPO (advantages compare completions of the same "
-                f"prompt), got {group_size}"
-            )
         sampler = getattr(data, "sampler", None)
-        if sampler is not None:
-            if sampler.temperature == 0:
-                raise ValueError(
-                    "data.temperature must be > 0 for GRPO: greedy decoding makes every group's completions equal"
-                )
-            self.temperature = sampler.temperature
+        temperature = None if sampler is None else sampler.temperature
+        check_sampling(getattr(getattr(data, "hparams", None), "group_size", None), temperature)
+        self.temperature = self.temperature if temperature is None else temperature
 
     def on_train_start(self) -> None:
         if self.reference is not None:
@@ -199,16 +201,10 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             self.reference.eval()
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory([p for p in self.student.parameters() if p.requires_grad])
-        if self.scheduler_factory is None:
-            return optimizer
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"},
-        }
+        return student_optimizers(self.student, self.optimizer_factory, self.scheduler_factory)
 
-    def _logits(self, model, input_ids, attention_mask) -> torch.Tensor:
-        return causal_logits(model, input_ids, attention_mask, self.vocab_size)
+    def _logits(self, model, input_ids, attention_mask, keep: int | None = None) -> torch.Tensor:
+        return causal_logits(model, input_ids, attention_mask, self.vocab_size, keep)
 
     # --- training ---------------------------------------------------------------------------------
     def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
@@ -254,15 +250,17 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         size = self.hparams.micro_batch_size or ids.shape[0]
         sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
         for start in range(0, ids.shape[0], size):
-            rows = slice(start, start + size)
-            m = mask[rows].float()
+            # Lean: the last K columns only (`DistillationModule.accumulate_gradients`).
+            keep = completion_width(mask[start : start + size]) if self.hparams.lean_logits else None
+            rows = (slice(start, start + size), slice(-keep if keep else None, None))
+            m, ref_logits = mask[rows].float(), None
             t0 = time.perf_counter()
             if first and self.reference is not None:
                 with torch.no_grad():
-                    ref_logits = self._logits(self.reference, ids[rows], attn[rows])
-                    step.ref_logp[rows] = token_logprobs(ref_logits, tokens[rows], self.temperature)
+                    ref_logits = self._logits(self.reference, ids[rows[0]], attn[rows[0]], keep)
+                    step.ref_logp[rows] = token_logprobs_and_kl(ref_logits, tokens[rows], self.temperature)[0]
             t1 = time.perf_counter()
-            logits = self._logits(self.student, ids[rows], attn[rows])
+            logits = self._logits(self.student, ids[rows[0]], attn[rows[0]], keep)
             if self.logit_grad_sink is not None:
                 logits.register_hook(
                     partial(
@@ -272,15 +270,15 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                         num_items=num_items,
                     )
                 )
-            logp = token_logprobs(logits, tokens[rows], self.temperature)
+            # The first pass's KL to the reference comes from the log-probs' own softmaxes.
+            logp, kl_to_start = token_logprobs_and_kl(logits, tokens[rows], self.temperature, ref_logits)
             if first:
                 step.old_logp[rows] = logp.detach()
-                if self.reference is not None:
-                    stats = token_statistics(logits.detach(), ref_logits, temperature=self.temperature)
-                    sums["kl_to_start"] += float((stats["reverse_kl"] * m).sum())
-                    del ref_logits, stats
+                if kl_to_start is not None:
+                    sums["kl_to_start"] += float((kl_to_start * m).sum())
+                del ref_logits
             per_token, cut = clipped_surrogate(
-                logp, step.old_logp[rows], step.advantages[rows], self.clip_low, self.clip_high
+                logp, step.old_logp[rows], step.advantages[rows[0]], self.clip_low, self.clip_high
             )
             if self.hparams.kl_coef > 0:
                 kl = kl_penalty(logp, step.ref_logp[rows], self.hparams.kl_estimator)
@@ -386,12 +384,11 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
         if self.reference is None:
             return
-        with torch.no_grad():
-            policy = self._logits(self.student, rollout.input_ids, rollout.attention_mask)
-            reference = self._logits(self.reference, rollout.input_ids, rollout.attention_mask)
-        mask = rollout.completion_mask[:, 1:].float()
-        kl = (token_statistics(policy, reference)["reverse_kl"] * mask).sum()
-        self.eval_figure(f"{prefix}/{task}/kl_to_start", kl, mask.sum())
+        hp = self.hparams
+        sums, count = completion_statistics(
+            self.student, self.reference, rollout, self.vocab_size, hp.eval_logit_budget_mb, hp.lean_logits
+        )
+        self.eval_figure(f"{prefix}/{task}/kl_to_start", sums["reverse_kl"], count)
 
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:

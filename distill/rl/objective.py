@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from distill.names import KL_ESTIMATORS
+from distill.rl.logprobs import token_logprobs_and_kl
 from distill.rollout import RolloutBatch
 
 # exp(30) ~ 1e13: a log-ratio past it means a token the policy all but excludes; k3's exp stays finite.
@@ -20,6 +21,20 @@ MAX_LOG_RATIO = 30.0
 def _wide(x: Tensor) -> Tensor:
     """At least float32 (float64 stays float64, for tests in double precision)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def check_sampling(group_size: int | None, temperature: float | None) -> None:
+    """GRPO needs groups of at least 2 completions per prompt, sampled at a temperature > 0
+    (None: not known, not checked)."""
+    if group_size is not None and group_size < 2:
+        raise ValueError(
+            f"data.group_size must be >= 2 for GRPO (advantages compare completions of the same "
+            f"prompt), got {group_size}"
+        )
+    if temperature == 0:
+        raise ValueError(
+            "data.temperature must be > 0 for GRPO: greedy decoding makes every group's completions equal"
+        )
 
 
 def group_advantages(
@@ -51,13 +66,9 @@ def group_advantages(
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / temperature) at `tokens`: `[B, T, V]`, `[B, T]` -> `[B, T]`."""
-    if logits.shape[:2] != tokens.shape:
-        raise ValueError(
-            f"logits [B, T, V] and tokens [B, T] disagree: {tuple(logits.shape)} vs {tuple(tokens.shape)}"
-        )
-    z = _wide(logits) / temperature
-    return z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    """log softmax(logits / temperature) at `tokens`: `[B, T, V]`, `[B, T]` -> `[B, T]`, computed in
+    chunks of positions without a float32 `[B, T, V]` copy (`distill.rl.logprobs`)."""
+    return token_logprobs_and_kl(logits, tokens, temperature)[0]
 
 
 def clipped_surrogate(
