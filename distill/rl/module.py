@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
-from distill.losses import step_token_count, token_statistics
+from distill.losses import gradient_denominator, step_token_count, token_statistics
 from distill.models.forward import causal_logits, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_model_path,
@@ -51,6 +51,7 @@ from distill.rl.objective import (
     clipped_surrogate,
     group_advantages,
     kl_penalty,
+    reward_moments,
     token_logprobs,
 )
 from distill.tasks.registry import get_task
@@ -156,9 +157,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.student = None
         self.reference = None
         self.teacher = None  # GRPO has no teacher; measurement callbacks must tolerate None
-        self.logit_grad_sink: LogitGradSink | None = (
-            None  # set by GradientStats: receives dL/dz of the logits
-        )
+        # Set by GradientStats: receives dL/dz of the logits.
+        self.logit_grad_sink: LogitGradSink | None = None
         self.temperature = 1.0  # the sampling temperature, read from the DataModule at fit start
         self._register_state_dict_hook(drop_from_state_dict("reference"))
 
@@ -249,7 +249,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         token sums (`loss`: the pass's loss, already normalised) and wall seconds per phase."""
         ids, attn = step.rollout.input_ids, step.rollout.attention_mask
         tokens, mask, num_items = ids[:, 1:], step.mask, step.num_items
-        denom = num_items.clamp(min=1).float()
+        denom = gradient_denominator(num_items.clamp(min=1))  # num_items / world size (DDP averages)
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
         size = self.hparams.micro_batch_size or ids.shape[0]
         sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
@@ -269,7 +269,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                         self.logit_grad_sink.record,
                         completion_mask=mask[rows],
                         teacher_token_mask=torch.zeros_like(mask[rows]),
-                        num_items=num_items,
+                        num_items=denom,
                     )
                 )
             logp = token_logprobs(logits, tokens[rows], self.temperature)
@@ -310,10 +310,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         step = self.prepare(batch)
         passes = self.optimizer_steps_per_batch()
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        timings = {"reference_forward": 0.0, "student_forward_backward": 0.0}
         totals: dict[str, float] = {}
         first_pass: dict[str, float] = {}
-        grad_norm = torch.zeros(())
+        grad_norm, step_s = torch.zeros(()), 0.0  # step_s: clipping and optimiser steps
         for p in range(passes):
             sums = self.accumulate_gradients(step, first=p == 0)
             first_pass = first_pass or sums
@@ -326,9 +325,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 if scheduler is not None:
                     scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            timings["student_forward_backward"] += time.perf_counter() - t0
-        timings["reference_forward"] += totals["reference_s"]
-        timings["student_forward_backward"] += totals["policy_s"]
+            step_s += time.perf_counter() - t0
         tokens = float(step.num_items.clamp(min=1))
         logged = {
             "loss": totals["loss"] / passes,
@@ -343,8 +340,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         cost = StepCost(
             student_train_tokens=real_tokens * passes,
             reference_forward_tokens=real_tokens if self.reference is not None else 0,
-            student_forward_backward_s=timings["student_forward_backward"],
-            reference_forward_s=timings["reference_forward"],
+            student_forward_backward_s=totals["policy_s"] + step_s,
+            reference_forward_s=totals["reference_s"],
         )
         return StepResult(
             torch.tensor(logged["loss"]),
@@ -356,18 +353,22 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         ).output()
 
     def _log_step(self, step: GRPOBatch, logged: dict, passes: int, grad_norm, optimizer) -> None:
-        n = len(step.rewards)
-        self.log("train/loss", logged["loss"], prog_bar=True, batch_size=n)
-        self.log("train/reward_mean", step.rewards.mean(), prog_bar=True, batch_size=n)
-        self.log("train/reward_std", step.rewards.std(correction=0), batch_size=n)
-        self.log("train/zero_signal_groups", step.zero_signal.float().mean(), batch_size=n)
-        self.log("train/clip_fraction", logged["clip_fraction"], batch_size=n)
+        # Over every rank: ranks hold equal rows and groups (a mean of rank means is the global one);
+        # `logged` holds local token sums / global tokens, which add up (the loss averages, see denom).
+        n, (reward_mean, reward_std) = len(step.rewards), reward_moments(step.rewards)
+        mean = dict(batch_size=n, sync_dist=True)
+        add = dict(batch_size=n, sync_dist=True, reduce_fx="sum")
+        self.log("train/loss", logged["loss"], prog_bar=True, **mean)
+        self.log("train/reward_mean", reward_mean, prog_bar=True, batch_size=n)
+        self.log("train/reward_std", reward_std, batch_size=n)
+        self.log("train/zero_signal_groups", step.zero_signal.float().mean(), **mean)
+        self.log("train/clip_fraction", logged["clip_fraction"], **add)
         if self.reference is not None:
-            self.log("train/kl_to_start", logged["kl_to_start"], prog_bar=True, batch_size=n)
+            self.log("train/kl_to_start", logged["kl_to_start"], prog_bar=True, **add)
         if self.hparams.kl_coef > 0:
-            self.log("train/kl_penalty", logged["kl_penalty"], batch_size=n)
+            self.log("train/kl_penalty", logged["kl_penalty"], **add)
         lengths = step.rollout.completion_mask.sum(-1).float()
-        self.log("train/completion_length", lengths.mean(), batch_size=n)
+        self.log("train/completion_length", lengths.mean(), **mean)
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
         self.log("train/nonfinite_steps", float(self.guard.skipped), batch_size=n)
