@@ -3,8 +3,9 @@
     python tests/ddp_step.py OUT WORLD_DIR DEVICES {distill,grpo}
 
 Run by tests/test_ddp.py (not collected by pytest: no test_ prefix). Every rank takes its shard of
-one fixed global batch (Lightning's DistributedSampler: rank r gets rows r, r + N, ...), so the
-single-process run on the whole batch is the reference. Each rank writes `OUT/rank<r>.json` (its
+one fixed global batch (Lightning's DistributedSampler: rank r gets prompts r, r + N, ...), so the
+single-process run on the whole batch is the reference. The distillation module takes one
+optimiser step; GRPO takes its `num_iterations` = 2 steps on the batch. Each rank writes `OUT/rank<r>.json` (its
 logged `train/*` values); rank 0 also writes `OUT/update.pt`, the student's weights after minus
 before the step. SGD without clipping makes the update exactly -lr x gradient, so a gradient off by
 a factor (DDP averaging local sums over a global count: 1/N) shows in full.
@@ -96,8 +97,14 @@ def build(kind: str, world: Path):
             log_text_every=0,
             micro_batch_size=2,
         )
+    # Two optimiser passes on the batch: the second is off-policy, so the clipped ratio and the
+    # pass-averaged figures (clip_fraction, loss) are exercised too.
     return FixedRewardGRPO(
-        student=str(world / "student"), optimizer=sgd, gradient_clip_val=None, log_text_every=0
+        student=str(world / "student"),
+        optimizer=sgd,
+        gradient_clip_val=None,
+        log_text_every=0,
+        num_iterations=2,
     )
 
 
@@ -112,7 +119,7 @@ if __name__ == "__main__":
         accelerator="cpu",
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
-        max_steps=1,
+        max_steps=module.hparams.get("num_iterations", 1),  # one rollout batch
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
