@@ -108,3 +108,30 @@ def test_evaluation_needs_a_prompt_per_rank(char_tok):
         ValueError, match=r"data\.val_size must be 0 or at least the number of ranks \(4\), got 3"
     ):
         dm.setup("validate")
+
+
+def test_a_rank_other_than_zero_writes_no_run_file(tiny_world_cache, tmp_path, monkeypatch):
+    """A fit on rank 1 (as DDP's other processes see `rank_zero_only.rank`) runs to its end but
+    writes and removes nothing in the run directory: an earlier attempt's file stays as it was, no
+    config, env, metrics or exported student appear (rank 0 writes those; tests/test_cli.py)."""
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning.pytorch.utilities import rank_zero as pytorch_rank_zero
+
+    from distill.lightning_cli import run_lightning_cli
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("an earlier attempt's\n")
+    for module in (fabric_rank_zero, pytorch_rank_zero):
+        monkeypatch.setattr(module.rank_zero_only, "rank", 1)
+    short = {"max_steps": "1", "val_check_interval": "1", "log_every_n_steps": "1"}
+    data = {"batch_size": "2", "train_size": "8", "val_size": "2", "test_size": "2", "max_new_tokens": "4"}
+    args = [f"--trainer.{k}={v}" for k, v in short.items()] + [f"--data.{k}={v}" for k, v in data.items()]
+    metrics = run_lightning_cli(
+        ["fit", "--config", "configs/tiny/fkl_mix0.yaml", *args, "--data.eval_max_new_tokens=4"]
+        + ["--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--run_dir", str(run)]
+    )
+    assert "train/loss" in metrics and "test/countdown3/accuracy" in metrics  # it did run
+    assert [p.name for p in run.iterdir()] == ["config.yaml"]
+    assert (run / "config.yaml").read_text() == "an earlier attempt's\n"
