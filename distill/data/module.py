@@ -250,9 +250,8 @@ class RolloutDataModule(L.LightningDataModule):
             ]
 
     def _ranks(self) -> tuple[int, int]:
-        """(world size, this rank) of the attached Trainer; (1, 0) without one."""
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        """(world size, this rank) of the attached Trainer; (1, 0) without one (or a stand-in without them)."""
+        return getattr(self.trainer, "world_size", 1), getattr(self.trainer, "global_rank", 0)
 
     def _loader(self, dataset, batch_size: int) -> DataLoader:
         world, rank = self._ranks()
