@@ -210,23 +210,28 @@ class DistillCLI(LightningCLI):
                 lock.release()
 
     def _execute(self, command: str, run_dir: Path) -> dict:
-        if command == "fit" and self.fresh_start:
-            clear_fit_outputs(run_dir)
-        if command == "fit" and self.continuing:
-            (run_dir / METRICS).unlink(missing_ok=True)
-        write_text_atomic(run_dir / "config.yaml", self.parser.dump(self.config, skip_none=False))
-        write_json_atomic(run_dir / "env.json", environment())
-        if self.resume_changes:
-            self._record_changes(run_dir)
+        # Under DDP every rank runs this (and every collective in it: fit, test, save_checkpoint);
+        # only rank 0 writes or removes run files.
+        writer = rank_zero_only.rank == 0
+        if writer:
+            if command == "fit" and self.fresh_start:
+                clear_fit_outputs(run_dir)
+            if command == "fit" and self.continuing:
+                (run_dir / METRICS).unlink(missing_ok=True)
+            write_text_atomic(run_dir / "config.yaml", self.parser.dump(self.config, skip_none=False))
+            write_json_atomic(run_dir / "env.json", environment())
+            if self.resume_changes:
+                self._record_changes(run_dir)
         ckpt = self.config.ckpt_path
         if command != "fit":
             results = getattr(self.trainer, command)(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
             metrics = _flatten(results)
             strict, nonfinite = finite_metrics(metrics)
-            write_json_atomic(
-                run_dir / f"{command}_metrics.json",
-                {"metrics": strict, **({"nonfinite": nonfinite} if nonfinite else {})},
-            )
+            if writer:
+                write_json_atomic(
+                    run_dir / f"{command}_metrics.json",
+                    {"metrics": strict, **({"nonfinite": nonfinite} if nonfinite else {})},
+                )
             return metrics
         try:
             self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
@@ -245,8 +250,9 @@ class DistillCLI(LightningCLI):
         # The end-of-training state (with the final validation's figures): a run killed during
         # export or testing resumes from here and still reports its training and validation.
         if self.trainer.checkpoint_callback is not None:
-            self.trainer.save_checkpoint(run_dir / LAST_CKPT)
-        self.model.export_student(run_dir / "student")
+            self.trainer.save_checkpoint(run_dir / LAST_CKPT)  # every rank: it holds a barrier
+        if writer:
+            self.model.export_student(run_dir / "student")
         if self.config.test_after_fit:
             metrics |= _flatten(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
         for callback in self.trainer.callbacks:
@@ -276,6 +282,8 @@ class DistillCLI(LightningCLI):
         logger.experiment.flush()
 
     def _write_metrics(self, run_dir: Path, metrics: dict, status: str, reason: str | None = None) -> None:
+        if rank_zero_only.rank != 0:
+            return
         strict, nonfinite = finite_metrics(metrics)
         record: dict = {"status": status, "metrics": strict}
         if nonfinite:

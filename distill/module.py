@@ -21,7 +21,7 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_int, check_number
-from distill.losses import ForwardKL, TokenDivergence, step_token_count
+from distill.losses import ForwardKL, TokenDivergence, global_sum, gradient_denominator, step_token_count
 from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
@@ -233,12 +233,15 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
 
     def accumulate_gradients(self, rollout) -> tuple[StepMeans, torch.Tensor, dict]:
         """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the
-        completion tokens of the whole step. Returns the step's per-token means (`StepMeans`), the
-        token count and wall seconds per phase."""
+        completion tokens of the whole step (every rank's; under DDP/FSDP by `gradient_denominator`,
+        so the ranks' averaged gradient is the single-process one). Returns the step's per-token
+        means over every rank's tokens (`StepMeans`), the global token count and wall seconds per
+        phase."""
         ids = rollout.input_ids
         mask = rollout.completion_mask[:, 1:]  # aligned with the logits (position t predicts t+1)
         teacher_written = rollout.teacher_token_mask[:, 1:]
         num_items = step_token_count([mask])
+        denom = gradient_denominator(num_items)  # num_items / world size
         size = self.hparams.micro_batch_size or ids.shape[0]
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
         timings = {"teacher_forward": 0.0, "student_forward_backward": 0.0}
@@ -259,7 +262,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                         record,
                         completion_mask=mask[rows, cols],
                         teacher_token_mask=teacher_written[rows, cols],
-                        num_items=num_items,
+                        num_items=denom,
                     )
                 )
             loss, stats = self.divergence(
@@ -267,7 +270,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 teacher,
                 mask[rows, cols],
                 tokens=ids[rows, 1:][:, cols],
-                num_items=num_items,
+                num_items=denom,
                 return_statistics=True,
             )
             backward(loss)
@@ -275,17 +278,22 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             timings["student_forward_backward"] += time.perf_counter() - t1
             m = mask[rows, cols].float()
             keys = [f.name for f in fields(StepMeans)][1:]
-            sums += torch.stack([loss.detach() * num_items] + [(stats[k] * m).sum() for k in keys])
+            sums += torch.stack([loss.detach() * denom] + [(stats[k] * m).sum() for k in keys])
             del student, teacher, stats
-        return StepMeans(*(sums / num_items.clamp(min=1))), num_items, timings
+        return StepMeans(*(global_sum(sums) / num_items.clamp(min=1))), num_items, timings
 
     def _log_step(self, batch: dict, means: StepMeans, grad_norm, optimizer) -> None:
         rollout = batch["rollout"]
         for name, value in vars(means).items():
             self.log(f"train/{name}", value, prog_bar=name in ("loss", "forward_kl", "reverse_kl"))
-        lengths = rollout.completion_mask.sum(-1).float()
-        self.log("train/teacher_share", rollout.teacher_share)
-        self.log("train/completion_length", lengths.mean())
+        # Over every rank's rollouts: teacher-written / completion tokens, completion tokens / rows.
+        mask = rollout.completion_mask
+        counts = torch.stack(
+            [rollout.teacher_token_mask.sum(), mask.sum(), torch.tensor(mask.shape[0], device=mask.device)]
+        )
+        teacher, completion, rows = global_sum(counts.float()).tolist()
+        self.log("train/teacher_share", teacher / completion if completion else 0.0)
+        self.log("train/completion_length", completion / max(rows, 1.0))
         self.log("train/grad_norm", grad_norm)
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         self.log("train/nonfinite_steps", float(self.guard.skipped))

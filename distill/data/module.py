@@ -7,6 +7,12 @@ The DataModule owns rollout sampling: its dataloaders yield tokenised prompt bat
 ``{"rollout": RolloutBatch, "rows": [task rows], "task": name}``; training batches also carry
 ``"group_size"`` (consecutive rows that share a prompt, `data.group_size`).
 
+Under data parallelism each rank draws its own shard of prompts: training batches from
+`ResumableShuffle` (the ranks' k-th batches together are the single-process k-th batch of
+batch_size x ranks), evaluation prompts split without repeats (`UnrepeatedDistributedSampler`), so
+the validation and test figures, summed over ranks by `distill.training.EvalFigures`, count every
+prompt once.
+
 A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule`) works with
 `mix` 0 and a granularity other than `speculative`: the student then writes every rollout.
 """
@@ -19,7 +25,8 @@ import warnings
 import lightning as L
 import torch
 from datasets import Dataset
-from torch.utils.data import DataLoader, Sampler
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from distill.checks import check_int
 from distill.data.prompts import PromptCollator, repeat_rows
@@ -41,17 +48,23 @@ def _rows(task, n: int, seed: int, part: str) -> list[dict]:
     return task.rows(n, seed=seed)
 
 
-class ResumableShuffle(Sampler[int]):
-    """A shuffled order of `n` items per epoch that can restart mid-epoch.
+class ResumableShuffle(DistributedSampler):
+    """A shuffled order of `n` items per epoch that can restart mid-epoch, sharded over ranks.
 
     Epoch `e`'s order is what `DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`
     yields in its `e`-th pass as Lightning reads it (each pass draws the loader's base seed, then a
     permutation; Lightning stops after `len(loader)` batches, so `RandomSampler`'s trailing draw
     never happens), but it is a function of (seed, epoch) alone, so a resumed run meets the same
     prompts in the same order.
-    `resume(epoch, consumed)` makes the next pass start after the first `consumed` items."""
+    `resume(epoch, consumed)` makes the next pass start after this rank's first `consumed` items.
 
-    def __init__(self, n: int, seed: int):
+    With `num_replicas` ranks, rank r takes items r, r + num_replicas, ... of the epoch's order,
+    trimmed to n // num_replicas (every rank runs the same number of steps): the ranks' k-th batches
+    of B together are the single-process k-th batch of B x num_replicas. Being a
+    `DistributedSampler`, Lightning uses it as it is instead of wrapping it."""
+
+    def __init__(self, n: int, seed: int, num_replicas: int = 1, rank: int = 0):
+        super().__init__(range(n), num_replicas=num_replicas, rank=rank, shuffle=False)
         self.n, self.seed = n, seed
         self.epoch, self.skip = 0, 0
 
@@ -72,10 +85,11 @@ class ResumableShuffle(Sampler[int]):
 
     def __iter__(self):
         skip, self.skip = self.skip, 0
-        return iter(self.order(self.epoch)[skip:])
+        shard = self.order(self.epoch)[self.rank :: self.num_replicas][: len(self)]
+        return iter(shard[skip:])
 
     def __len__(self) -> int:  # the full epoch: Lightning counts a resumed epoch's batches itself
-        return self.n
+        return self.n // self.num_replicas
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -208,6 +222,12 @@ class RolloutDataModule(L.LightningDataModule):
         self.sampler.use_tokenizer(self.tokenizer)
         self.eval_sampler.use_tokenizer(self.tokenizer)
         seed, h = self.hparams.seed, self.hparams
+        world, _ = self._ranks()
+        for name in ("val_size", "test_size"):  # a rank without prompts would miss the figures' sync
+            if 0 < getattr(h, name) < world:
+                raise ValueError(
+                    f"data.{name} must be 0 or at least the number of ranks ({world}), got {getattr(h, name)}"
+                )
         # Split seeds are disjoint: training prompts never come from the evaluation generators.
         if stage == "fit":
             self.train_set = Dataset.from_list(
@@ -228,11 +248,20 @@ class RolloutDataModule(L.LightningDataModule):
                 if len(dataset):
                     self.collate([dataset[0]])
 
+    def _ranks(self) -> tuple[int, int]:
+        """(world size, this rank) of the attached Trainer; (1, 0) without one (or a stand-in without them)."""
+        return getattr(self.trainer, "world_size", 1), getattr(self.trainer, "global_rank", 0)
+
     def _loader(self, dataset, batch_size: int) -> DataLoader:
-        return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=self.collate)
+        world, rank = self._ranks()
+        # Each rank scores its own prompts, none twice (Lightning's default sampler would repeat a
+        # few to even the shards out, counting them twice in the summed figures).
+        sampler = UnrepeatedDistributedSampler(dataset, world, rank, shuffle=False) if world > 1 else None
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.collate)
 
     def train_dataloader(self):
-        shuffle = ResumableShuffle(len(self.train_set), path_seed("order", self.hparams.seed))
+        world, rank = self._ranks()
+        shuffle = ResumableShuffle(len(self.train_set), path_seed("order", self.hparams.seed), world, rank)
         if self._resume_from is not None:  # restored from a checkpoint: start where it stood
             position, self._resume_from = self._resume_from, None
             shuffle.resume(position["epoch"], position["batches"] * self.hparams.batch_size)

@@ -11,6 +11,10 @@ Unless the spec says `references: false`, the sweep also tests, once, the untouc
 (`references/start`) and the teacher in the student's place (`references/teacher`) with
 `distill test`, as every run's final student is tested (`distill.experiments.references`); they
 run first, are listed by `--dry-run`, skipped once finished, and are not counted as runs of the grid.
+
+`--devices 0,1,2,3 --jobs 2` gives each running fit its own GPUs: the list is cut into `jobs` equal
+groups (here 0,1 and 2,3) and a fit starts with `CUDA_VISIBLE_DEVICES` set to a group no other
+running fit holds; its config's `trainer.devices` should match the group's size.
 """
 
 from __future__ import annotations
@@ -29,24 +33,12 @@ from typing import TextIO
 
 from distill.experiments import references, rundirs
 from distill.experiments import spec as spec_module
+from distill.experiments.fit_env import ROLLOUT_CACHE_ENV, child_env, device_groups  # noqa: F401 (re-exported)
 from distill.experiments.records import write_sweep_record
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
 from distill.rundir import RunDirError, RunLock, read_metrics, read_status
-
-ROLLOUT_CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
-
-
-def child_env(out: Path, jobs: int, cpus: int | None = None) -> dict[str, str]:
-    """Environment of each fit: the shared teacher-rollout cache and, unless the caller set it, an
-    equal share of the CPU cores as OpenMP threads. Oversubscribed OpenMP threads spin against each
-    other: two 2-thread fits on 2 cores ran 4-6 times slower than one after the other."""
-    env = dict(os.environ, **{ROLLOUT_CACHE_ENV: str(out / "rollout_cache")})
-    if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (cpus or os.cpu_count() or 1) // max(1, jobs)))
-    return env
-
 
 POLL_S = 0.1
 
@@ -142,10 +134,12 @@ def run_sweep(
     fit_prefix: Sequence[str] = rundirs.DEFAULT_FIT_PREFIX,
     stream: TextIO | None = None,
     test_prefix: Sequence[str] | None = None,
+    devices: list[str] | None = None,
 ) -> SweepResult:
     """Run the unfinished `runs` (fits and references), at most `jobs` at once; returns what was
     skipped, finished, failed. `test_prefix` starts a reference's `distill test` (default: derived
-    from `fit_prefix`, see `rundirs.derive_test_prefix`)."""
+    from `fit_prefix`, see `rundirs.derive_test_prefix`). `devices` (`device_groups`, one per job):
+    each running fit holds one as its `CUDA_VISIBLE_DEVICES`."""
     stream = sys.stdout if stream is None else stream
     result = SweepResult()
     write_sweep_record(spec, runs)
@@ -161,10 +155,11 @@ def run_sweep(
     progress.done = len(result.skipped)
     if result.skipped:
         progress.message(f"[sweep] {len(result.skipped)} run(s) already finished, skipped")
-    active: dict[str, tuple[subprocess.Popen, Run, Path]] = {}
+    free = list(devices or [])  # GPU groups no running fit holds
+    active: dict[str, tuple[subprocess.Popen, Run, Path, str | None]] = {}
     try:
         while pending or active:
-            waiting = {r.run_dir for r in pending} | {r.run_dir for _, r, _ in active.values()}
+            waiting = {r.run_dir for r in pending} | {r.run_dir for _, r, _, _ in active.values()}
             for run in list(pending):  # spec order; a chained run only once its parent finished
                 if len(active) >= jobs:
                     break
@@ -176,24 +171,28 @@ def run_sweep(
                     tally.fail(run, -2, run.after / rundirs.FIT_LOG, message)
                     continue
                 pending.remove(run)
+                gpus = free.pop(0) if free else None
+                run_env = env if gpus is None else {**env, "CUDA_VISIBLE_DEVICES": gpus}
                 try:
-                    proc, log_path = _launch(spec, run, fit_prefix, test_prefix, env)
+                    proc, log_path = _launch(spec, run, fit_prefix, test_prefix, run_env)
                 except RunDirError as err:  # held by another process: left as it is
+                    free += [gpus] if gpus is not None else []
                     tally.fail(run, -3, run.run_dir / rundirs.FIT_LOG, f"[sweep] FAILED {run.name}: {err}")
                     continue
-                active[run.name] = (proc, run, log_path)
+                active[run.name] = (proc, run, log_path, gpus)
                 progress.running += 1
                 progress.show()
             time.sleep(POLL_S)
-            for name, (proc, run, log_path) in list(active.items()):
+            for name, (proc, run, log_path, gpus) in list(active.items()):
                 code = proc.poll()
                 if code is not None:
                     del active[name]
+                    free += [gpus] if gpus is not None else []
                     tally.exited(run, code, log_path)
     except BaseException:
-        for proc, _, _ in active.values():  # only our own children
+        for proc, *_ in active.values():  # only our own children
             proc.terminate()
-        for proc, _, _ in active.values():
+        for proc, *_ in active.values():
             proc.wait()
         raise
     finally:
@@ -217,6 +216,11 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print 'STATE NAME COMMAND' per run; run nothing"
     )
     parser.add_argument("--jobs", type=int, default=1, help="fits to run at once (default 1)")
+    parser.add_argument(
+        "--devices",
+        help="GPU ids to share out, e.g. 0,1,2,3: each running fit gets len/jobs of them as its "
+        "CUDA_VISIBLE_DEVICES (their number must be a multiple of --jobs)",
+    )
     parser.add_argument("--out", type=Path, help="output directory (default: the spec's 'out')")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this run (repeatable)")
     parser.add_argument(
@@ -282,7 +286,7 @@ def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix) -> int:
     return 0
 
 
-def _run(spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix) -> int:
+def _run(spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix, devices=None) -> int:
     """Run the sweep under its output directory's lock, stopping the fits on SIGTERM; a summary."""
     try:  # one sweep per output directory at a time
         lock = RunLock(spec.out, what="sweep output directory").acquire()
@@ -292,7 +296,7 @@ def _run(spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix) -
     # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        result = run_sweep(spec, runs, jobs, fit_prefix, test_prefix=test_prefix)
+        result = run_sweep(spec, runs, jobs, fit_prefix, test_prefix=test_prefix, devices=devices)
     except KeyboardInterrupt:
         print(
             "\n[sweep] interrupted; running fits stopped. Rerun the same command to resume.", file=sys.stderr
@@ -331,6 +335,11 @@ def main(
         print(f"distill sweep: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     try:
+        devices = device_groups(args.devices, args.jobs) if args.devices else None
+    except ValueError as err:
+        print(f"distill sweep: {err}", file=sys.stderr)
+        return 2
+    try:
         spec = load_spec(args.spec, out=args.out)
         refs, notes = reference_runs(spec)
         runs = expand(spec)
@@ -367,4 +376,4 @@ def main(
         return _emit_slurm(args, spec, runs, prefix, tests)
     if args.dry_run:
         return _dry_run(spec, runs, fit_prefix, test_prefix)
-    return _run(spec, runs, args.jobs, fit_prefix, test_prefix)
+    return _run(spec, runs, args.jobs, fit_prefix, test_prefix, devices)

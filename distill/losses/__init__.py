@@ -18,7 +18,7 @@ from distill.losses.divergences import (
     TotalVariation,
     build_divergence,
 )
-from distill.losses.reduction import step_token_count
+from distill.losses.reduction import global_sum, gradient_denominator, step_token_count
 from distill.losses.statistics import token_statistics
 
 __all__ = [
@@ -32,6 +32,8 @@ __all__ = [
     "TokenDivergence",
     "TotalVariation",
     "build_divergence",
+    "global_sum",
+    "gradient_denominator",
     "step_token_count",
     "token_statistics",
 ]

@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
-from distill.losses import step_token_count
+from distill.losses import gradient_denominator, step_token_count
 from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
@@ -48,7 +48,14 @@ from distill.models.loading import (
 )
 from distill.names import KL_ESTIMATORS
 from distill.rl.logprobs import token_logprobs_and_kl
-from distill.rl.objective import GRPOBatch, check_sampling, clipped_surrogate, group_advantages, kl_penalty
+from distill.rl.objective import (
+    GRPOBatch,
+    check_sampling,
+    clipped_surrogate,
+    group_advantages,
+    kl_penalty,
+    reward_moments,
+)
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -163,9 +170,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.student = None
         self.reference = None
         self.teacher = None  # GRPO has no teacher; measurement callbacks must tolerate None
-        self.logit_grad_sink: LogitGradSink | None = (
-            None  # set by GradientStats: receives dL/dz of the logits
-        )
+        # Set by GradientStats: receives dL/dz of the logits.
+        self.logit_grad_sink: LogitGradSink | None = None
         self.temperature = 1.0  # the sampling temperature, read from the DataModule at fit start
         self._register_state_dict_hook(drop_from_state_dict("reference"))
 
@@ -197,14 +203,10 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
 
     def on_validation_model_train(self) -> None:
         super().on_validation_model_train()
-        if self.reference is not None:
-            self.reference.eval()
+        self.on_train_start()  # the reference back in eval mode
 
     def configure_optimizers(self):
         return student_optimizers(self.student, self.optimizer_factory, self.scheduler_factory)
-
-    def _logits(self, model, input_ids, attention_mask, keep: int | None = None) -> torch.Tensor:
-        return causal_logits(model, input_ids, attention_mask, self.vocab_size, keep)
 
     # --- training ---------------------------------------------------------------------------------
     def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
@@ -245,7 +247,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         token sums (`loss`: the pass's loss, already normalised) and wall seconds per phase."""
         ids, attn = step.rollout.input_ids, step.rollout.attention_mask
         tokens, mask, num_items = ids[:, 1:], step.mask, step.num_items
-        denom = num_items.clamp(min=1).float()
+        denom = gradient_denominator(num_items.clamp(min=1))  # num_items / world size (DDP averages)
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
         size = self.hparams.micro_batch_size or ids.shape[0]
         sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
@@ -257,17 +259,19 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             t0 = time.perf_counter()
             if first and self.reference is not None:
                 with torch.no_grad():
-                    ref_logits = self._logits(self.reference, ids[rows[0]], attn[rows[0]], keep)
+                    ref_logits = causal_logits(
+                        self.reference, ids[rows[0]], attn[rows[0]], self.vocab_size, keep
+                    )
                     step.ref_logp[rows] = token_logprobs_and_kl(ref_logits, tokens[rows], self.temperature)[0]
             t1 = time.perf_counter()
-            logits = self._logits(self.student, ids[rows[0]], attn[rows[0]], keep)
+            logits = causal_logits(self.student, ids[rows[0]], attn[rows[0]], self.vocab_size, keep)
             if self.logit_grad_sink is not None:
                 logits.register_hook(
                     partial(
                         self.logit_grad_sink.record,
                         completion_mask=mask[rows],
                         teacher_token_mask=torch.zeros_like(mask[rows]),
-                        num_items=num_items,
+                        num_items=denom,
                     )
                 )
             # The first pass's KL to the reference comes from the log-probs' own softmaxes.
@@ -308,10 +312,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         step = self.prepare(batch)
         passes = self.optimizer_steps_per_batch()
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        timings = {"reference_forward": 0.0, "student_forward_backward": 0.0}
         totals: dict[str, float] = {}
         first_pass: dict[str, float] = {}
-        grad_norm = torch.zeros(())
+        grad_norm, step_s = torch.zeros(()), 0.0  # step_s: clipping and optimiser steps
         for p in range(passes):
             sums = self.accumulate_gradients(step, first=p == 0)
             first_pass = first_pass or sums
@@ -324,9 +327,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 if scheduler is not None:
                     scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            timings["student_forward_backward"] += time.perf_counter() - t0
-        timings["reference_forward"] += totals["reference_s"]
-        timings["student_forward_backward"] += totals["policy_s"]
+            step_s += time.perf_counter() - t0
         tokens = float(step.num_items.clamp(min=1))
         logged = {
             "loss": totals["loss"] / passes,
@@ -341,8 +342,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         cost = StepCost(
             student_train_tokens=real_tokens * passes,
             reference_forward_tokens=real_tokens if self.reference is not None else 0,
-            student_forward_backward_s=timings["student_forward_backward"],
-            reference_forward_s=timings["reference_forward"],
+            student_forward_backward_s=totals["policy_s"] + step_s,
+            reference_forward_s=totals["reference_s"],
         )
         return StepResult(
             torch.tensor(logged["loss"]),
@@ -354,18 +355,21 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         ).output()
 
     def _log_step(self, step: GRPOBatch, logged: dict, passes: int, grad_norm, optimizer) -> None:
-        n = len(step.rewards)
-        self.log("train/loss", logged["loss"], prog_bar=True, batch_size=n)
-        self.log("train/reward_mean", step.rewards.mean(), prog_bar=True, batch_size=n)
-        self.log("train/reward_std", step.rewards.std(correction=0), batch_size=n)
-        self.log("train/zero_signal_groups", step.zero_signal.float().mean(), batch_size=n)
-        self.log("train/clip_fraction", logged["clip_fraction"], batch_size=n)
+        # Over every rank: ranks hold equal rows and groups (a mean of rank means is the global one);
+        # `logged` holds local token sums / global tokens, which add up (the loss averages, see denom).
+        n, (reward_mean, reward_std) = len(step.rewards), reward_moments(step.rewards)
+        mean = dict(batch_size=n, sync_dist=True)
+        add = dict(batch_size=n, sync_dist=True, reduce_fx="sum")
+        self.log("train/loss", logged["loss"], prog_bar=True, **mean)
+        self.log("train/reward_mean", reward_mean, prog_bar=True, batch_size=n)
+        self.log("train/reward_std", reward_std, batch_size=n)
+        self.log("train/zero_signal_groups", step.zero_signal.float().mean(), **mean)
+        self.log("train/clip_fraction", logged["clip_fraction"], **add)
         if self.reference is not None:
-            self.log("train/kl_to_start", logged["kl_to_start"], prog_bar=True, batch_size=n)
+            self.log("train/kl_to_start", logged["kl_to_start"], prog_bar=True, **add)
         if self.hparams.kl_coef > 0:
-            self.log("train/kl_penalty", logged["kl_penalty"], batch_size=n)
-        lengths = step.rollout.completion_mask.sum(-1).float()
-        self.log("train/completion_length", lengths.mean(), batch_size=n)
+            self.log("train/kl_penalty", logged["kl_penalty"], **add)
+        self.log("train/completion_length", step.rollout.completion_mask.sum(-1).float().mean(), **mean)
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
         self.log("train/nonfinite_steps", float(self.guard.skipped), batch_size=n)

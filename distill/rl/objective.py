@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from distill.losses import global_sum
 from distill.names import KL_ESTIMATORS
 from distill.rl.logprobs import token_logprobs_and_kl
 from distill.rollout import RolloutBatch
@@ -130,3 +131,12 @@ class GRPOBatch:
     num_items: torch.Tensor
     old_logp: torch.Tensor
     ref_logp: torch.Tensor
+
+
+def reward_moments(rewards: Tensor) -> tuple[float, float]:
+    """Mean and population std of the rewards of every rank's rows (`global_sum` over ranks; the
+    local ones without `torch.distributed`)."""
+    stats = torch.stack([rewards.sum(), rewards.square().sum(), rewards.new_tensor(rewards.numel())])
+    total, square, rows = global_sum(stats.double()).tolist()
+    mean = total / max(rows, 1.0)
+    return mean, max(square / max(rows, 1.0) - mean**2, 0.0) ** 0.5

@@ -43,6 +43,7 @@ FAKE_FIT = textwrap.dedent(
         sys.exit(3)
     time.sleep(float(os.environ.get("FAKE_FIT_SLEEP", "0")))
     record = {"argv": args, "ckpt": ckpt, "cache": os.environ.get("DISTILL_ROLLOUT_CACHE"),
+              "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "start": start, "end": time.time(), "command": command}
     with open(os.path.join(run_dir, "invocations.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\\n")

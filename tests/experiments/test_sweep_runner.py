@@ -185,3 +185,29 @@ def test_children_share_the_cores_unless_told_otherwise(tmp_path, monkeypatch):
     assert child_env(tmp_path, jobs=2, cpus=2)[ROLLOUT_CACHE_ENV] == str(tmp_path / "rollout_cache")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert child_env(tmp_path, jobs=2, cpus=2)["OMP_NUM_THREADS"] == "3"
+
+
+def test_devices_give_each_running_fit_its_own_gpus(grid_spec, fake_fit, tmp_path, monkeypatch, capsys):
+    """--devices 0,1,2,3 --jobs 2: every fit starts with CUDA_VISIBLE_DEVICES 0,1 or 2,3, and two
+    fits that run at the same time never hold the same group."""
+    monkeypatch.setenv("FAKE_FIT_SLEEP", "0.6")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # the sweep's own value must not leak through
+    assert main([str(grid_spec), "--jobs", "2", "--devices", "0,1,2,3"], fit_prefix=fake_fit) == 0
+    calls = [call for name in NAMES for call in _invocations(tmp_path / "runs" / name)]
+    assert len(calls) == 4 and {c["gpus"] for c in calls} == {"0,1", "2,3"}
+    overlapping = [
+        (a, b)
+        for i, a in enumerate(calls)
+        for b in calls[i + 1 :]
+        if a["start"] < b["end"] and b["start"] < a["end"]
+    ]
+    assert overlapping and all(a["gpus"] != b["gpus"] for a, b in overlapping)
+
+
+def test_devices_must_split_evenly_over_jobs(grid_spec, fake_fit, tmp_path, capsys):
+    assert main([str(grid_spec), "--jobs", "3", "--devices", "0,1,2,3"], fit_prefix=fake_fit) == 2
+    err = capsys.readouterr().err
+    assert "--devices: 4 GPU(s) (0,1,2,3) do not split evenly over --jobs 3" in err
+    assert not (tmp_path / "runs").exists()  # nothing ran
+    assert main([str(grid_spec), "--devices", "0,0"], fit_prefix=fake_fit) == 2
+    assert "--devices must be distinct GPU ids >= 0 separated by commas, got '0,0'" in capsys.readouterr().err

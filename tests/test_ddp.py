@@ -1,0 +1,137 @@
+"""Data parallelism: 2 `gloo` DDP processes update the student exactly as 1 process does on the same
+global batch, log the same `train/*` figures, and shard the prompts; only rank 0 writes run files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distill.data.module import ResumableShuffle
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _step(kind: str, devices: int, world: Path, out: Path) -> tuple[dict, list[dict]]:
+    """Run tests/ddp_step.py; the student's update and each rank's logged figures."""
+    out.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(HERE / "ddp_step.py"), str(out), str(world), str(devices), kind]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
+    return torch.load(out / "update.pt"), logged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["distill", "grpo"])
+def test_two_ddp_ranks_update_and_log_like_one_process(kind, quick_world, tmp_path):
+    """Same global batch (8 rows, completions of 1-14 tokens), SGD at lr 1 without clipping: the
+    update is -gradient, so the old bug (each rank's local sum over the global token count, then
+    DDP's average: 1/2 of the gradient) would miss by half. Tolerance: float32 sums taken in
+    another order (ranks, micro-batches) differ by a few ulps of the summed terms, ~1e-8 here
+    against updates of ~0.2; 1e-6 absolute leaves room and is 1e5 x below the bug's error."""
+    single, (logged_single,) = _step(kind, 1, quick_world, tmp_path / "one")
+    ddp, logged_ddp = _step(kind, 2, quick_world, tmp_path / "two")
+    assert single.keys() == ddp.keys()
+    assert max(float(u.abs().max()) for u in single.values()) > 1e-2  # a real update
+    for name, update in single.items():
+        torch.testing.assert_close(ddp[name], update, rtol=1e-4, atol=1e-6, msg=name)
+    # Every rank logs the global per-token means, equal to the single process's.
+    assert set(logged_single) >= {"train/loss", "train/completion_length", "train/grad_norm"}
+    for rank_logged in logged_ddp:
+        assert rank_logged.keys() == logged_single.keys()
+        for key, value in logged_single.items():
+            assert rank_logged[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    if kind == "grpo":  # the second, off-policy pass clips some tokens: a summed figure, not 0
+        assert logged_single["train/clip_fraction"] > 0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_training_shards_together_are_the_single_process_batches(world):
+    """The ranks' k-th batches of B are, together, the single-process k-th batch of B x world; the
+    shards are disjoint, equal in length, and a mid-epoch resume skips each rank's consumed items."""
+    n, seed, b = 50, 3, 4
+    one = list(ResumableShuffle(n, seed))
+    shards = [list(ResumableShuffle(n, seed, world, r)) for r in range(world)]
+    assert {len(s) for s in shards} == {n // world}
+    assert len(set().union(*map(set, shards))) == world * (n // world)
+    for k in range(n // (world * b)):
+        together = sorted(i for s in shards for i in s[k * b : (k + 1) * b])
+        assert together == sorted(one[k * world * b : (k + 1) * world * b])
+    for r in range(world):
+        resumed = ResumableShuffle(n, seed, world, r)
+        resumed.set_epoch(2)
+        resumed.resume(2, consumed=2 * b)
+        fresh = ResumableShuffle(n, seed, world, r)
+        fresh.set_epoch(2)
+        assert list(resumed) == list(fresh)[2 * b :]
+        assert list(fresh) != shards[r]  # another epoch, another order
+
+
+class _FakeTrainer:
+    def __init__(self, world_size: int, global_rank: int):
+        self.world_size, self.global_rank = world_size, global_rank
+
+
+def _datamodule(world_size: int, rank: int, char_tok, **kwargs):
+    from distill.data import RolloutDataModule
+
+    dm = RolloutDataModule(task="countdown3", val_size=kwargs.pop("val_size", 7), eval_batch_size=2, **kwargs)
+    dm.tokenizer = char_tok
+    dm.trainer = _FakeTrainer(world_size, rank)
+    return dm
+
+
+def test_evaluation_prompts_are_split_without_repeats(char_tok):
+    """7 validation prompts on 2 ranks: 4 + 3, each prompt scored once (a padding sampler would
+    score one twice and bias the summed accuracy)."""
+    seen = []
+    for rank in range(2):
+        dm = _datamodule(2, rank, char_tok)
+        dm.setup("validate")
+        (loader,) = dm.val_dataloader()
+        seen.append([row["prompt"] for batch in loader for row in batch["rows"]])
+    assert sorted(map(len, seen)) == [3, 4]
+    assert sorted(seen[0] + seen[1]) == sorted(row["prompt"] for row in dm.val_sets[0])
+
+
+def test_evaluation_needs_a_prompt_per_rank(char_tok):
+    dm = _datamodule(4, 0, char_tok, val_size=3)
+    with pytest.raises(
+        ValueError, match=r"data\.val_size must be 0 or at least the number of ranks \(4\), got 3"
+    ):
+        dm.setup("validate")
+
+
+def test_a_rank_other_than_zero_writes_no_run_file(tiny_world_cache, tmp_path, monkeypatch):
+    """A fit on rank 1 (as DDP's other processes see `rank_zero_only.rank`) runs to its end but
+    writes and removes nothing in the run directory: an earlier attempt's file stays as it was, no
+    config, env, metrics or exported student appear (rank 0 writes those; tests/test_cli.py)."""
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning.pytorch.utilities import rank_zero as pytorch_rank_zero
+
+    from distill.lightning_cli import run_lightning_cli
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("an earlier attempt's\n")
+    for module in (fabric_rank_zero, pytorch_rank_zero):
+        monkeypatch.setattr(module.rank_zero_only, "rank", 1)
+    short = {"max_steps": "1", "val_check_interval": "1", "log_every_n_steps": "1"}
+    data = {"batch_size": "2", "train_size": "8", "val_size": "2", "test_size": "2", "max_new_tokens": "4"}
+    args = [f"--trainer.{k}={v}" for k, v in short.items()] + [f"--data.{k}={v}" for k, v in data.items()]
+    metrics = run_lightning_cli(
+        ["fit", "--config", "configs/tiny/fkl_mix0.yaml", *args, "--data.eval_max_new_tokens=4"]
+        + ["--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--run_dir", str(run)]
+    )
+    assert "train/loss" in metrics and "test/countdown3/accuracy" in metrics  # it did run
+    assert [p.name for p in run.iterdir()] == ["config.yaml"]
+    assert (run / "config.yaml").read_text() == "an earlier attempt's\n"
