@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -75,6 +75,12 @@ sweep-paper-llama-medreason: ## the paper grid on MedReason, Llama pair (GPU, hu
 
 sweep-paper-llama-sciq: ## the paper grid on SciQ, Llama pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama_sciq.yaml
+
+sweep-paper-llama-style: ## style transfer (teacher told to reason in Spanish), Llama pair (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_llama_style.yaml
+
+sweep-paper-qwen-style: ## style transfer (teacher told to reason in Spanish), Qwen pair (GPU, hub access)
+	$(BIN)/distill sweep experiments/paper_qwen_style.yaml
 
 sweep-paper-qwen-medreason: ## the paper grid on MedReason, Qwen pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen_medreason.yaml

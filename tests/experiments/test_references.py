@@ -111,7 +111,9 @@ def test_the_teacher_reference_reads_the_teacher_only_context(tmp_path):
     by_kind = {r.reference: r.overrides for r in runs}
     assert by_kind["teacher"]["data.student_context"] == "Reason in Spanish."
     assert by_kind["start"] == {}  # the start is the student: it reads its own prompt
-    assert model_option([tmp_path / "a.yaml"], {"data.teacher_context": "x"}, "teacher_context", "data") == "x"
+    assert (
+        model_option([tmp_path / "a.yaml"], {"data.teacher_context": "x"}, "teacher_context", "data") == "x"
+    )
 
 
 def test_staged_references_belong_to_the_first_stage(tmp_path):
