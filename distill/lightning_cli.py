@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from distill.config_bases import expand_bases
 from distill.data import RolloutDataModule
 from distill.errors import Diverged
 from distill.experiments.axes import knobs_of
@@ -157,7 +158,7 @@ class DistillCLI(LightningCLI):
             if record is not None:
                 new = yaml.safe_load(self.parser.dump(config, skip_none=False, skip_check=True))
                 self.resume_changes = check_resume_config(
-                    record["config"], new, ckpt, config.allow_config_change
+                    record["config"], new, ckpt, config.allow_config_change, {"data": RolloutDataModule}
                 )
 
     # --- the trainer ------------------------------------------------------------------------------
@@ -315,48 +316,6 @@ def _flatten(results: list[dict] | None) -> dict:
     return out
 
 
-def expand_bases(args: list[str]) -> list[str]:
-    """Config files may start from others: a top-level `base: FILE` (or a list; relative to the
-    file) is replaced by `--config FILE ... --config <the rest>`, so that LightningCLI deep-merges
-    them (jsonargparse's own nested `config:` key replaces a model's `init_args` wholesale)."""
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("-c", "--config") and i + 1 < len(args):
-            out += _expand_file(args[i + 1], seen=())
-            i += 2
-            continue
-        if arg.startswith("--config="):
-            out += _expand_file(arg.split("=", 1)[1], seen=())
-        else:
-            out.append(arg)
-        i += 1
-    return out
-
-
-def _expand_file(path: str, seen: tuple) -> list[str]:
-    file = Path(path)
-    if not file.is_file():
-        return ["--config", path]  # not a file (or an inline YAML string): jsonargparse reports it
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"config {path} is not valid YAML: {_yaml_line(err)}") from None
-    if not isinstance(data, dict) or "base" not in data:
-        return ["--config", path]
-    if file.resolve() in seen:
-        raise ValueError(f"config {path}: `base` includes form a cycle: {' -> '.join(map(str, seen))}")
-    bases = data.pop("base")
-    out: list[str] = []
-    for base in [bases] if isinstance(bases, str) else bases:
-        base_path = file.parent / base
-        if not base_path.is_file():
-            raise FileNotFoundError(f"config {path}: base {base!r} not found (looked for {base_path})")
-        out += _expand_file(str(base_path), (*seen, file.resolve()))
-    return out + ["--config", yaml.safe_dump(data)] if data else out
-
-
 def _one_line(message: str) -> str:
     """The model is a `LightningModule | None` union, so jsonargparse wraps a module's own error in
     a report of every union member; keep the module's line (it names field, value and what is allowed)."""
@@ -397,10 +356,3 @@ def run_lightning_cli(argv: list[str]) -> dict:
             print(f"distill {command}: error: {_one_line(str(err))}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
-
-
-def _yaml_line(err: yaml.YAMLError) -> str:
-    """'line L, column C: problem' from a PyYAML error."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return problem if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: {problem}"

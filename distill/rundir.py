@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import fcntl
+import importlib
+import inspect
 import json
 import math
 import os
@@ -177,10 +179,12 @@ def check_fit_target(run_dir: Path, ckpt: Path | None, overwrite: bool) -> str |
     return status
 
 
-def check_resume_config(old: dict, new: dict, ckpt: Path, allow: bool) -> dict[str, tuple[Any, Any]]:
-    """The changes from a checkpoint's config to a resume's (`config_changes`): refused when they
-    touch `RESUME_FIXED`, or any setting unless `allow` (--allow_config_change)."""
-    changes = config_changes(old, new)
+def check_resume_config(
+    old: dict, new: dict, ckpt: Path, allow: bool, classes: dict[str, type] | None = None
+) -> dict[str, tuple[Any, Any]]:
+    """The changes from a checkpoint's config to a resume's (`config_changes`, `classes` as there):
+    refused when they touch `RESUME_FIXED`, or any setting unless `allow` (--allow_config_change)."""
+    changes = config_changes(old, new, classes)
     fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
     if fixed:
         raise RunDirError(
@@ -297,16 +301,48 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
+_UNKNOWN = object()
+
+
+def option_default(config: dict, key: str, classes: dict[str, type] | None = None) -> Any:
+    """The constructor default behind dotted config `key`: `<...>.init_args.<name>` of a block
+    with a `class_path`, or `<section>.<name>` of a section whose class `classes` gives (e.g.
+    `{"data": RolloutDataModule}`); `_UNKNOWN` when there is none to find."""
+    parts = key.split(".")
+    cls = (classes or {}).get(parts[0]) if len(parts) == 2 else None
+    if len(parts) >= 3 and parts[-2] == "init_args":
+        block: Any = config
+        for part in parts[:-2]:
+            block = block.get(part) if isinstance(block, dict) else None
+        path = block.get("class_path") if isinstance(block, dict) else None
+        module, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
+        try:
+            cls = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError):
+            cls = None
+    try:
+        param = inspect.signature(cls).parameters.get(parts[-1]) if cls is not None else None
+    except (TypeError, ValueError):
+        param = None
+    return _UNKNOWN if param is None or param.default is inspect.Parameter.empty else param.default
+
+
+def config_changes(
+    old: dict, new: dict, classes: dict[str, type] | None = None
+) -> dict[str, tuple[Any, Any]]:
     """Dotted key -> (checkpoint's value, new value) for every setting that differs, leaving out
-    `RESUME_FREE_KEYS`."""
+    `RESUME_FREE_KEYS` and options the checkpoint's config lacks that are at their default (added
+    to the code since it was written: `option_default`, `classes` naming sections without a
+    `class_path`)."""
     a, b = flatten(old), flatten(new)
     free = tuple(RESUME_FREE_KEYS)
-    return {
-        key: (a.get(key), b.get(key))
-        for key in sorted(set(a) | set(b))
-        if key.split(".")[0] not in free and a.get(key) != b.get(key)
-    }
+
+    def changed(key: str) -> bool:
+        if key.split(".")[0] in free or a.get(key) == b.get(key):
+            return False
+        return key in a or option_default(new, key, classes) != b[key]
+
+    return {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if changed(key)}
 
 
 def finite_metrics(metrics: dict[str, float]) -> tuple[dict[str, float | None], list[str]]:

@@ -253,3 +253,28 @@ def test_sweep_never_prepares_a_run_directory_another_process_holds(tmp_path):
     finally:
         lock.release()
     assert rundirs.prepare_run_dir(run, "sweep") == "todo" and not (run_dir / "partial.txt").exists()
+
+
+def test_options_added_since_a_checkpoint_do_not_block_its_resume_at_their_defaults():
+    """A checkpoint written before the code gained an option has no key for it; the resume's config
+    has it at the default, which is no change. Set to anything else, it is one."""
+    from distill.data import RolloutDataModule
+
+    module = {"class_path": "distill.module.DistillationModule", "init_args": {"student": "s"}}
+    old = {"model": module, "data": {"mix": 0}}
+    added = {"lean_logits": True, "eval_logit_budget_mb": 512, "gradient_checkpointing": False}
+    new = {
+        "model": {**module, "init_args": {"student": "s", **added}},
+        "data": {"mix": 0, "teacher_context": None},
+    }
+    assert config_changes(old, new, {"data": RolloutDataModule}) == {}
+    new["model"]["init_args"]["gradient_checkpointing"] = True
+    new["data"]["teacher_context"] = "Reason in Spanish."
+    assert config_changes(old, new, {"data": RolloutDataModule}) == {
+        "data.teacher_context": (None, "Reason in Spanish."),
+        "model.init_args.gradient_checkpointing": (None, True),
+    }
+    # Without the data class, a new data key counts; an unimportable class_path counts too.
+    assert "data.group_size" in config_changes(old, {**new, "data": {"mix": 0, "group_size": 1}})
+    broken = {"model": {"class_path": "no.such.Module", "init_args": {"student": "s", "x": 1}}}
+    assert config_changes({"model": {"class_path": "no.such.Module", "init_args": {"student": "s"}}}, broken)
