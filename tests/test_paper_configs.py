@@ -4,6 +4,7 @@ sweep specs list their runs with `distill sweep SPEC --dry-run`."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ def resolved(config: Path, capsys) -> dict:
 def test_every_paper_config_measures_on_sets_a_chat_model_can_do(config, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     printed = resolved(config, capsys)
+    assert printed["model"]["class_path"].startswith("distill.") and printed["model"]["init_args"]["student"]
     callbacks = {c["class_path"].rsplit(".", 1)[-1]: c["init_args"] for c in printed["trainer"]["callbacks"]}
     assert MEASUREMENTS <= set(callbacks), f"{config.name} lacks {MEASUREMENTS - set(callbacks)}"
     assert printed["trainer"]["precision"] == "bf16-mixed" and printed["data"]["chat_template"] is True
@@ -63,7 +65,9 @@ def test_paper_sweep_specs_dry_run(spec, capsys, monkeypatch, tmp_path):
     assert sweep_main([str(spec.relative_to(ROOT)), "--dry-run", "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    base = yaml.safe_load(spec.read_text())["base"]
+    text = yaml.safe_load(spec.read_text())
+    runs = math.prod(len(values) for values in text["axes"].values())
+    assert runs == (12 if spec.stem.endswith("_style") else 60)  # the style sweeps are smaller
     grid = [line for line in lines if line.startswith("todo") and " references/" not in line]
-    assert len(grid) == 60 and all(f"--config {ROOT / base}" in line for line in grid)
-    assert "60 runs: 0 finished (skipped), 0 to resume, 60 to start" in err
+    assert len(grid) == runs and all(f"--config {ROOT / text['base']}" in line for line in grid)
+    assert f"{runs} runs: 0 finished (skipped), 0 to resume, {runs} to start" in err

@@ -26,6 +26,17 @@ def short_config(where: Path) -> Path:
     batches of 6); its callbacks end with the faults of `inject` (armed by the environment)."""
     base = ROOT / "configs" / "tiny" / "base.yaml"
     callbacks = yaml.safe_load(base.read_text())["trainer"]["callbacks"]
+    # Every measurement callback stays (each has state to resume), on a few prompts: at the base's
+    # sizes their evaluations are most of a 10-step fit's time.
+    smaller = {
+        "TaskEvaluation": {"num_problems": 4, "num_samples": 2, "ks": [1, 2]},
+        "Forgetting": {"num_examples": 8},
+        "StyleProbe": {"num_prompts": 8},
+    }
+    for callback in callbacks:
+        callback.setdefault("init_args", {}).update(
+            smaller.get(callback["class_path"].rsplit(".", 1)[-1], {})
+        )
     config = {
         "base": str(base),
         "checkpoint_every_n_steps": 2,
