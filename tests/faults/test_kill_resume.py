@@ -67,15 +67,20 @@ def short_config(where: Path) -> Path:
 TIMING = ("cost/wall_s", "cost/time/")
 
 
-@pytest.fixture
-def env(tiny_world_cache, tmp_path):
+@pytest.fixture(scope="module")
+def shared_env(quick_world, tmp_path_factory) -> dict:
     return {
-        "SHORT": str(short_config(tmp_path)),
+        "SHORT": str(short_config(tmp_path_factory.mktemp("short"))),
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "faults")]),
-        "DISTILL_CACHE": str(tiny_world_cache.parent),
+        "DISTILL_CACHE": str(quick_world.parent),
         "OMP_NUM_THREADS": "1",
     }
+
+
+@pytest.fixture
+def env(shared_env) -> dict:
+    return dict(shared_env)
 
 
 def fit(run_dir: Path, env: dict, *extra: str, **armed: str) -> subprocess.CompletedProcess:
@@ -99,21 +104,43 @@ def fit(run_dir: Path, env: dict, *extra: str, **armed: str) -> subprocess.Compl
     )
 
 
+@pytest.fixture
+def refusal(env, monkeypatch, capsys):
+    """`refusal(run_dir, *extra)`: the one-line error of a fit that must refuse before any compute,
+    run in this process (a refusal needs no subprocess, which would spend ~9 s on imports)."""
+    from distill.lightning_cli import run_lightning_cli
+
+    monkeypatch.setenv("DISTILL_CACHE", env["DISTILL_CACHE"])
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "faults"))  # the `inject` callbacks
+    monkeypatch.chdir(ROOT)
+
+    def refuse(run_dir: Path, *extra: str) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            run_lightning_cli(["fit", "--config", env["SHORT"], "--run_dir", str(run_dir), *extra])
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    return refuse
+
+
 def untimed(run_dir: Path) -> dict:
     data = json.loads((run_dir / "metrics.json").read_text())
     assert data["status"] == "finished"
     return {k: v for k, v in data["metrics"].items() if not k.startswith(TIMING)}
 
 
-@pytest.fixture
-def reference(tmp_path, env) -> dict:
-    done = fit(tmp_path / "reference", env)
+@pytest.fixture(scope="module")
+def reference(shared_env, tmp_path_factory) -> dict:
+    """The uninterrupted run's figures, fitted once for every test that compares against it."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    done = fit(run, shared_env)
     assert done.returncode == 0, done.stderr[-2000:]
-    return untimed(tmp_path / "reference")
+    return untimed(run)
 
 
 @pytest.mark.slow
-def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env, reference):
+def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env, reference, refusal):
     run = tmp_path / "run"
     killed = fit(run, env, DISTILL_TEST_KILL_AT_STEP="5")
     assert killed.returncode == -signal.SIGKILL
@@ -124,8 +151,7 @@ def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env,
     state = ckpt["RolloutDataModule"]
     assert state["position"] == {"epoch": 0, "batches": 4} and state["reuse"]["step"] == 3
 
-    refused = fit(run, env)
-    assert refused.returncode == 2 and "--ckpt_path last" in refused.stderr.strip().splitlines()[-1]
+    assert "--ckpt_path last" in refusal(run).strip().splitlines()[-1]
     resumed = fit(run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(run) == reference
@@ -181,13 +207,11 @@ def test_moved_run_directory_resumes(tmp_path, env, reference):
 
 
 @pytest.mark.slow
-def test_resume_with_a_recorded_config_change(tmp_path, env):
+def test_resume_with_a_recorded_config_change(tmp_path, env, refusal):
     run = tmp_path / "run"
     assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
     lr = ["--model.init_args.optimizer.init_args.lr", "0.01"]
-    refused = fit(run, env, "--ckpt_path", "last", *lr)
-    assert refused.returncode == 2
-    assert "model.init_args.optimizer.init_args.lr: 0.001 -> 0.01" in refused.stderr
+    assert "model.init_args.optimizer.init_args.lr: 0.001 -> 0.01" in refusal(run, "--ckpt_path", "last", *lr)
     resumed = fit(run, env, "--ckpt_path", "last", *lr, "--allow_config_change", "true")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     changes = json.loads((run / "config_changes.json").read_text())
@@ -203,8 +227,7 @@ def test_resume_with_a_recorded_config_change(tmp_path, env):
     assert untimed(run)["train/lr"] == pytest.approx(
         0.01
     )  # applied, not just recorded (the checkpoint held 0.001)
-    again = fit(run, env)
-    assert again.returncode == 2 and "holds a finished run" in again.stderr
+    assert "holds a finished run" in refusal(run)
 
 
 def strict_json(path: Path) -> dict:
