@@ -92,17 +92,21 @@ def test_lean_step_equals_the_full_logits_step(pair, divergence, micro):
     assert lean[4] == ([10] if micro is None else [10, 10]) and set(full[4]) == {16}
 
 
-def test_step_statistics_match_an_independent_full_computation(pair):
-    """The logged means against token_statistics on every position's logits, masked by hand."""
-    module, rollout = _module(pair), _rollout(seed=3)
-    means, num_items, _ = module.accumulate_gradients(rollout)
+def _direct_statistics(module, rollout):
+    """token_statistics on every position's logits from direct model calls, and the completion mask."""
     with torch.no_grad():
         student, teacher = (
             direct_logits(m, rollout.input_ids, rollout.attention_mask, 104)
             for m in (module.student, module.teacher)
         )
-    stats = token_statistics(student, teacher)
-    mask = rollout.completion_mask[:, 1:].double()
+    return token_statistics(student, teacher), rollout.completion_mask[:, 1:].double()
+
+
+def test_step_statistics_match_an_independent_full_computation(pair):
+    """The logged means against token_statistics on every position's logits, masked by hand."""
+    module, rollout = _module(pair), _rollout(seed=3)
+    means, num_items, _ = module.accumulate_gradients(rollout)
+    stats, mask = _direct_statistics(module, rollout)
     for key in STATISTICS:
         torch.testing.assert_close(
             getattr(means, key), ((stats[key] * mask).sum() / mask.sum()).float(), rtol=1e-6, atol=0
@@ -113,13 +117,7 @@ def test_step_statistics_match_an_independent_full_computation(pair):
 @pytest.mark.parametrize("budget_mb", [1e-6, 0.03, 512.0])
 def test_evaluation_chunked_by_budget_gives_the_unchunked_figures(pair, budget_mb):
     module, rollout = _module(pair), _rollout(seed=4)
-    with torch.no_grad():
-        student, teacher = (
-            direct_logits(m, rollout.input_ids, rollout.attention_mask, 104)
-            for m in (module.student, module.teacher)
-        )
-    stats = token_statistics(student, teacher)
-    mask = rollout.completion_mask[:, 1:].double()
+    stats, mask = _direct_statistics(module, rollout)
     calls = []
     module.teacher.lm_head.register_forward_hook(lambda m, inp, out: calls.append(tuple(inp[0].shape[:2])))
     for lean in (True, False):
