@@ -137,7 +137,7 @@ def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
     chosen = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
     # u < 1, but u * total can round up to the total itself (an event of about 2**-53): the index
     # is then past the end; take the last token with probability > 0 instead.
-    last = torch.searchsorted(cdf, total, right=False)
+    last = torch.searchsorted(cdf, total.contiguous(), right=False)  # a column view: copy it once
     return torch.minimum(chosen, last).squeeze(-1)
 
 
