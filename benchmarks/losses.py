@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
+from children import maxrss_mib, run_child
 
 from distill.losses import DIVERGENCES, build_divergence
 
@@ -59,10 +56,6 @@ def naive_per_token(name: str, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor
     raise KeyError(name)
 
 
-def _maxrss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def worker(name: str, variant: str, b: int, t: int, v: int, repeats: int, chunk_size: int | None) -> dict:
     torch.manual_seed(0)
     student = torch.randn(b, t, v).requires_grad_()
@@ -80,9 +73,9 @@ def worker(name: str, variant: str, b: int, t: int, v: int, repeats: int, chunk_
         student.grad = None
         return loss.item()
 
-    base = _maxrss_mib()
+    base = maxrss_mib()
     value = step()
-    peak = _maxrss_mib() - base
+    peak = maxrss_mib() - base
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -92,14 +85,10 @@ def worker(name: str, variant: str, b: int, t: int, v: int, repeats: int, chunk_
 
 
 def _spawn(name, variant, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", name, variant, "--shape", *map(str, args.shape)]
-    cmd += ["--repeats", str(args.repeats)]
+    child = ["--worker", name, variant, "--shape", *map(str, args.shape), "--repeats", str(args.repeats)]
     if args.chunk_size is not None:
-        cmd += ["--chunk-size", str(args.chunk_size)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child {name}/{variant} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        child += ["--chunk-size", str(args.chunk_size)]
+    return run_child(__file__, child, f"{name}/{variant}")
 
 
 def main() -> None:

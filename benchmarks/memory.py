@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from children import maxrss_mib, run_child
 
 VOCABS = (32000, 128256, 151936)
 
@@ -88,10 +85,6 @@ def rollout_batch(vocab: int, batch: int, prompt: int, completion: int):
     return RolloutBatch(ids, attn, comp, teacher, prompt)
 
 
-def _maxrss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
 def worker(root: str, phase: str, variant: str, vocab: int, shape: list[int]) -> dict:
     from distill.module import DistillationModule
     from distill.training import completion_statistics
@@ -103,7 +96,7 @@ def worker(root: str, phase: str, variant: str, vocab: int, shape: list[int]) ->
     )
     module.configure_model()
     rollout = rollout_batch(vocab, *shape)
-    base = _maxrss_mib()
+    base = maxrss_mib()
     start = time.perf_counter()
     if phase == "train":
         means, _, _ = module.accumulate_gradients(rollout)
@@ -113,16 +106,12 @@ def worker(root: str, phase: str, variant: str, vocab: int, shape: list[int]) ->
         sums, count = completion_statistics(module.student, module.teacher, rollout, vocab, budget, lean)
         value = float(sums["forward_kl"] / count)
     seconds = time.perf_counter() - start
-    return {"peak_mib": _maxrss_mib() - base, "seconds": seconds, "value": value}
+    return {"peak_mib": maxrss_mib() - base, "seconds": seconds, "value": value}
 
 
 def _spawn(root: Path, phase: str, variant: str, vocab: int, shape: list[int]) -> dict:
-    cmd = [sys.executable, __file__, "--worker", str(root), phase, variant, str(vocab)]
-    cmd += ["--shape", *map(str, shape)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child {vocab}/{phase}/{variant} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    args = ["--worker", str(root), phase, variant, str(vocab), "--shape", *map(str, shape)]
+    return run_child(__file__, args, f"{vocab}/{phase}/{variant}")
 
 
 def main() -> None:

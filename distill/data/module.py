@@ -242,7 +242,8 @@ class RolloutDataModule(L.LightningDataModule):
                 Dataset.from_list(_rows(t, h.test_size, path_seed("test"), "test")) for t in self.test_tasks
             ]
         # A context template naming a field the rows lack fails here, before any model is loaded.
-        for name in ("train_set", "val_sets", "test_sets"):
+        contexts = h.teacher_context is not None or h.student_context is not None
+        for name in ("train_set", "val_sets", "test_sets") if contexts else ():
             found = getattr(self, name, None)
             for dataset in [found] if isinstance(found, Dataset) else found or []:
                 if len(dataset):

@@ -7,7 +7,6 @@ the sampler's granularities differ.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from distill.errors import Diverged
+from distill.models.forward import forward_accepts
 
 # One decode step's draws: rule(logits per model [b, V] float32, streams at this position)
 # -> (tokens [b], teacher_written [b] bool)
@@ -244,8 +244,8 @@ def logit_width(model: nn.Module) -> int:
 def _forward_kwargs(model: nn.Module) -> tuple[str, bool]:
     """The KV-cache argument's name (`cache` from transformers 5.2x, `past_key_values` before) and
     whether the model accepts `logits_to_keep` (skips the LM head over the prompt)."""
-    params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+    cache = "cache" if forward_accepts(model, "cache") else "past_key_values"
+    return cache, forward_accepts(model, "logits_to_keep")
 
 
 def _cache_of(output: object) -> object:
