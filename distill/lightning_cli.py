@@ -65,6 +65,10 @@ from distill.runinfo import environment, write_json_atomic, write_text_atomic
 warnings.filterwarnings(
     "ignore", message=r".*ModelCheckpoint with manual optimization and every_n_train_steps.*"
 )
+# Under DDP/FSDP every epoch-level figure distill logs is already global (sums over every rank in
+# `EvalFigures`; the measurement callbacks compute the same figures on every rank), so Lightning's
+# advice to add sync_dist=True (one warning per figure and epoch) does not apply.
+warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
 
 EXIT_DIVERGED = 3
 
@@ -252,8 +256,7 @@ class DistillCLI(LightningCLI):
         # export or testing resumes from here and still reports its training and validation.
         if self.trainer.checkpoint_callback is not None:
             self.trainer.save_checkpoint(run_dir / LAST_CKPT)  # every rank: it holds a barrier
-        if writer:
-            self.model.export_student(run_dir / "student")
+        self.model.export_student(run_dir / "student")  # every rank (FSDP gathers); rank 0 writes
         if self.config.test_after_fit:
             metrics |= _flatten(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
         for callback in self.trainer.callbacks:

@@ -32,6 +32,7 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
+from distill.parallel import full_tensor, is_sharded, shard_model
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -147,8 +148,12 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
 
     # --- models -----------------------------------------------------------------------------------
     def configure_model(self) -> None:
-        if self.student is not None:
-            return
+        if self.student is None:
+            self.load_models()
+        if self.device_mesh is not None and not is_sharded(self.student):  # ModelParallelStrategy
+            shard_model(self.student, self.device_mesh, "model.student")  # FSDP2: distill.parallel
+
+    def load_models(self) -> None:
         hp = self.hparams
         self.student = load_model(
             self.student_path,
@@ -210,7 +215,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         optimizer = self.optimizers()
         means, num_items, timings = self.accumulate_gradients(rollout)
         clip = self.hparams.gradient_clip_val
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
+        grad_norm = full_tensor(
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
+        )
         t0 = time.perf_counter()
         if self.guard.step_ok(means.loss, grad_norm, self._trainer):
             optimizer.step()
@@ -333,5 +340,6 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
 
     # --- export -----------------------------------------------------------------------------------
     def export_student(self, path: str | Path) -> Path:
-        """`save_pretrained` the student and its tokenizer (loadable with the Auto* classes)."""
+        """`save_pretrained` the student and its tokenizer (loadable with the Auto* classes). Every
+        rank calls it (a sharded student is gathered); rank 0 writes."""
         return export_pretrained(self.student, self.tokenizer, path)

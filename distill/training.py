@@ -28,6 +28,7 @@ from distill.errors import Diverged
 from distill.losses import token_statistics
 from distill.losses.functional import STATISTICS
 from distill.models.forward import causal_logits, completion_width, row_chunks
+from distill.parallel import gathered
 from distill.rollout import RolloutBatch
 
 
@@ -239,11 +240,13 @@ def completion_statistics(
     cols = slice(-keep if keep else None, None)
     itemsize = sum(m.get_output_embeddings().weight.element_size() for m in (first, second))
     sums: dict[str, Tensor] = {}
-    for rows in row_chunks(ids.shape[0], keep or mask.shape[1], vocab_size, budget_mb, itemsize):
-        a = causal_logits(first, ids[rows], attn[rows], vocab_size, keep)
-        b = causal_logits(second, other_ids[rows], other_attn[rows], vocab_size, keep)
-        stats, m = token_statistics(a, b), mask[rows, cols].float()
-        for key in STATISTICS:  # in the statistics' dtype (float32; float64 for float64 models)
-            sums[key] = sums.get(key, 0.0) + (stats[key] * m).sum()
-        del a, b, stats
+    chunks = row_chunks(ids.shape[0], keep or mask.shape[1], vocab_size, budget_mb, itemsize)
+    with gathered(first, second):  # under FSDP: whole models, so ranks may differ in chunks
+        for rows in chunks:
+            a = causal_logits(first, ids[rows], attn[rows], vocab_size, keep)
+            b = causal_logits(second, other_ids[rows], other_attn[rows], vocab_size, keep)
+            stats, m = token_statistics(a, b), mask[rows, cols].float()
+            for key in STATISTICS:  # in the statistics' dtype (float32; float64 for float64 models)
+                sums[key] = sums.get(key, 0.0) + (stats[key] * m).sum()
+            del a, b, stats
     return sums, mask.float().sum()

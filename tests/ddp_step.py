@@ -1,6 +1,7 @@
-"""One optimiser step of a module under Lightning, on 1 process or on N `gloo` DDP processes.
+"""One optimiser step of a module under Lightning, on 1 process or on N `gloo` processes with DDP or
+FSDP2 (`ModelParallelStrategy`, the student sharded: `distill.parallel`).
 
-    python tests/ddp_step.py OUT WORLD_DIR DEVICES {distill,grpo}
+    python tests/ddp_step.py OUT WORLD_DIR DEVICES {distill,grpo} [{ddp,fsdp}]
 
 Run by tests/test_ddp.py (not collected by pytest: no test_ prefix). Every rank takes its shard of
 one fixed global batch (Lightning's DistributedSampler: rank r gets prompts r, r + N, ...), so the
@@ -19,10 +20,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from distill.losses import ReverseKL
 from distill.module import DistillationModule
+from distill.parallel import full_state_dict, is_sharded
 from distill.rl import GRPOModule
 from distill.rollout import RolloutBatch
 
@@ -108,8 +111,17 @@ def build(kind: str, world: Path):
     )
 
 
+def strategy(name: str, devices: int):
+    if devices == 1:
+        return "auto"
+    if name == "fsdp":
+        return ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
+    return "ddp"
+
+
 if __name__ == "__main__":
     OUT, world, devices, kind = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    parallel = sys.argv[5] if len(sys.argv) > 5 else "ddp"
     torch.manual_seed(0)
     module = build(kind, world)
     module.configure_model()
@@ -118,7 +130,7 @@ if __name__ == "__main__":
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
+        strategy=strategy(parallel, devices),
         max_steps=module.hparams.get("num_iterations", 1),  # one rollout batch
         logger=False,
         enable_checkpointing=False,
@@ -128,6 +140,7 @@ if __name__ == "__main__":
         callbacks=[Record()],
     )
     trainer.fit(module, datamodule=data)
+    assert is_sharded(module.student) == (parallel == "fsdp" and devices > 1)
+    after = full_state_dict(module.student) or module.student.state_dict()  # every rank: a collective
     if trainer.is_global_zero:
-        after = module.student.state_dict()
         torch.save({k: after[k] - before[k] for k in before}, OUT / "update.pt")

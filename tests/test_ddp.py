@@ -1,9 +1,12 @@
-"""Data parallelism: 2 `gloo` DDP processes update the student exactly as 1 process does on the same
-global batch, log the same `train/*` figures, and shard the prompts; only rank 0 writes run files."""
+"""Data parallelism: 2 `gloo` processes, with DDP or with FSDP2 (`distill.parallel`), update the
+student exactly as 1 process does on the same global batch and log the same `train/*` figures; the
+ranks shard the prompts (evaluation batches equal in number on every rank); only rank 0 writes run
+files. A whole `distill fit` under FSDP2 reports what one process reports."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,11 +21,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _step(kind: str, devices: int, world: Path, out: Path) -> tuple[dict, list[dict]]:
+def _step(kind: str, devices: int, world: Path, out: Path, parallel: str = "ddp") -> tuple[dict, list[dict]]:
     """Run tests/ddp_step.py; the student's update and each rank's logged figures."""
     out.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(HERE / "ddp_step.py"), str(out), str(world), str(devices), kind]
+    cmd = [sys.executable, str(HERE / "ddp_step.py"), str(out), str(world), str(devices), kind, parallel]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     logged = [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
@@ -31,24 +34,28 @@ def _step(kind: str, devices: int, world: Path, out: Path) -> tuple[dict, list[d
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["distill", "grpo"])
-def test_two_ddp_ranks_update_and_log_like_one_process(kind, quick_world, tmp_path):
-    """Same global batch (8 rows, completions of 1-14 tokens), SGD at lr 1 without clipping: the
+def test_two_ranks_update_and_log_like_one_process(kind, quick_world, tmp_path):
+    """Same global batch (8 rows, completions of 1-14 tokens), SGD at lr 1 without clipping, on
+    2 DDP ranks and on 2 FSDP2 ranks (the student sharded, gathered back for the comparison): the
     update is -gradient, so the old bug (each rank's local sum over the global token count, then
     DDP's average: 1/2 of the gradient) would miss by half. Tolerance: float32 sums taken in
     another order (ranks, micro-batches) differ by a few ulps of the summed terms, ~1e-8 here
     against updates of ~0.2; 1e-6 absolute leaves room and is 1e5 x below the bug's error."""
     single, (logged_single,) = _step(kind, 1, quick_world, tmp_path / "one")
-    ddp, logged_ddp = _step(kind, 2, quick_world, tmp_path / "two")
-    assert single.keys() == ddp.keys()
     assert max(float(u.abs().max()) for u in single.values()) > 1e-2  # a real update
-    for name, update in single.items():
-        torch.testing.assert_close(ddp[name], update, rtol=1e-4, atol=1e-6, msg=name)
-    # Every rank logs the global per-token means, equal to the single process's.
     assert set(logged_single) >= {"train/loss", "train/completion_length", "train/grad_norm"}
-    for rank_logged in logged_ddp:
-        assert rank_logged.keys() == logged_single.keys()
-        for key, value in logged_single.items():
-            assert rank_logged[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    for parallel in ("ddp", "fsdp"):
+        update, logged = _step(kind, 2, quick_world, tmp_path / parallel, parallel)
+        assert update.keys() == single.keys()
+        for name, expected in single.items():
+            torch.testing.assert_close(
+                update[name], expected, rtol=1e-4, atol=1e-6, msg=f"{parallel}: {name}"
+            )
+        # Every rank logs the global per-token means, equal to the single process's.
+        for rank_logged in logged:
+            assert rank_logged.keys() == logged_single.keys()
+            for key, value in logged_single.items():
+                assert rank_logged[key] == pytest.approx(value, rel=1e-5, abs=1e-7), f"{parallel}: {key}"
     if kind == "grpo":  # the second, off-policy pass clips some tokens: a summed figure, not 0
         assert logged_single["train/clip_fraction"] > 0
 
@@ -100,6 +107,44 @@ def test_evaluation_prompts_are_split_without_repeats(char_tok):
         seen.append([row["prompt"] for batch in loader for row in batch["rows"]])
     assert sorted(map(len, seen)) == [3, 4]
     assert sorted(seen[0] + seen[1]) == sorted(row["prompt"] for row in dm.val_sets[0])
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 7, 8, 13, 64])
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 250])
+@pytest.mark.parametrize("world", [2, 3])
+def test_evaluation_batches_are_as_many_on_every_rank(n, batch_size, world):
+    """Ranks walk their evaluation loops in step (under FSDP each batch's rollout is a collective):
+    equally many non-empty batches on every rank, together every prompt once, each batch within
+    `batch_size` (one over only for batch size 1 with unequal shards)."""
+    from distill.data.module import EvenBatches
+
+    if n < world:
+        pytest.skip("fewer prompts than ranks is refused (data.val_size)")
+    ranks = [list(EvenBatches(n, batch_size, world, r)) for r in range(world)]
+    assert len({len(batches) for batches in ranks}) == 1
+    every = [i for batches in ranks for batch in batches for i in batch]
+    assert sorted(every) == list(range(n))
+    limit = batch_size + (batch_size == 1 and n % world != 0)
+    assert all(1 <= len(batch) <= limit for batches in ranks for batch in batches)
+    assert len(ranks[0]) == min(math.ceil(math.ceil(n / world) / batch_size), n // world)  # no more
+
+
+def test_a_rank_resumes_its_own_reused_rollouts_and_refuses_another_world(char_tok, monkeypatch):
+    """Each rank's reused rollout batch (data.refresh_every > 1) is its own after a resume; a
+    checkpoint written by 2 ranks with batches to reuse cannot resume on 1 or 3."""
+    import distill.data.module as data_module
+
+    monkeypatch.setattr(data_module, "RolloutBatch", lambda **fields: fields)
+    mine = [{"step": 3, "rollout": {"input_ids": f"rank {r}"}, "rows": [r]} for r in range(2)]
+    state = {"position": {"epoch": 0, "batches": 4}, "reuse": mine[0], "reuse_by_rank": mine}
+    for rank in range(2):
+        dm = _datamodule(2, rank, char_tok, refresh_every=3)
+        dm.load_state_dict(state)
+        step, out = dm._reuse
+        assert step == 3 and out["rows"] == [rank] and out["rollout"] == {"input_ids": f"rank {rank}"}
+    for world in (1, 3):
+        with pytest.raises(ValueError, match=rf"batches of 2 rank\(s\).*on 2 device\(s\), not {world}"):
+            _datamodule(world, 0, char_tok, refresh_every=3).load_state_dict(state)
 
 
 def test_evaluation_needs_a_prompt_per_rank(char_tok):

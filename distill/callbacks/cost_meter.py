@@ -10,6 +10,7 @@ import torch
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.checks import check_int
+from distill.losses import global_sum
 from distill.training import StepResult, step_result
 
 TOKEN_KEYS = (
@@ -69,9 +70,9 @@ class CostMeter(L.Callback):
 
     It reads each step's `distill.training.StepResult`. Evaluation compute is not in the token
     and FLOP counts (it is measurement, not training). A rollout reused across steps
-    (`data.refresh_every > 1`, `StepResult.reused_rollout`) is counted once. Counts are this
-    process's (one device; multiply by the device count under data parallelism). Totals survive
-    resuming (checkpoint state).
+    (`data.refresh_every > 1`, `StepResult.reused_rollout`) is counted once. Under data
+    parallelism token counts and FLOPs are every rank's (summed over ranks), wall times this
+    process's. Totals survive resuming (checkpoint state).
 
     Args:
         every_n_steps: log the running totals every N optimiser steps (always at the end of fit).
@@ -109,15 +110,19 @@ class CostMeter(L.Callback):
             log_scalars(trainer, self.metrics())
 
     def add_step(self, step: StepResult) -> None:
-        """Add one training batch's costs; a rollout's own costs count once (not when reused)."""
-        if not step.reused_rollout:
-            for key in TOKEN_KEYS:
-                self.tokens[key] += int(getattr(step.rollout, key))
-            self.times["rollout"] += float(step.rollout.rollout_seconds)
+        """Add one training batch's costs; a rollout's own costs count once (not when reused).
+        Tokens are every rank's (summed over ranks, a collective); wall times are this rank's."""
         cost = step.cost
-        self.tokens["teacher_train_forward_tokens"] += cost.teacher_forward_tokens
-        self.tokens["reference_forward_tokens"] += cost.reference_forward_tokens
-        self.tokens["student_train_tokens"] += cost.student_train_tokens
+        tokens = dict.fromkeys(TOKEN_KEYS, 0)
+        if not step.reused_rollout:
+            tokens = {key: int(getattr(step.rollout, key)) for key in TOKEN_KEYS}
+            self.times["rollout"] += float(step.rollout.rollout_seconds)
+        tokens["teacher_train_forward_tokens"] = cost.teacher_forward_tokens
+        tokens["reference_forward_tokens"] = cost.reference_forward_tokens
+        tokens["student_train_tokens"] = cost.student_train_tokens
+        summed = global_sum(torch.tensor(list(tokens.values()), dtype=torch.float64, device=step.loss.device))
+        for key, value in zip(tokens, summed.tolist()):
+            self.tokens[key] += int(value)
         self.times["teacher_forward"] += cost.teacher_forward_s
         self.times["reference_forward"] += cost.reference_forward_s
         self.times["student_forward_backward"] += cost.student_forward_backward_s

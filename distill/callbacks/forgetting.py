@@ -13,6 +13,7 @@ from distill.callbacks.generation import log_scalars, next_token_logits, student
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
+from distill.parallel import gathered
 from distill.rollout import RolloutSampler
 from distill.tasks.qa_datasets import FILE_BUILDERS, parse_spec
 from distill.tasks.registry import get_task
@@ -193,7 +194,8 @@ class Forgetting(L.Callback):
         if trainer.global_step == self.last_step:
             return  # already measured these weights (e.g. the last interval is the last step)
         self.last_step = trainer.global_step
-        scores = self.scores(trainer, pl_module)
+        with gathered(pl_module.student):  # under FSDP: one gather for the whole measurement
+            scores = self.scores(trainer, pl_module)
         if self.baseline is None:
             self.baseline = scores
         metrics = {}

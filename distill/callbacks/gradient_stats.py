@@ -10,6 +10,7 @@ from distill.callbacks.contract import LogitGradSource, require
 from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.checks import check_int
+from distill.losses import global_sum
 from distill.training import step_result
 
 SPLITS = ("", "_teacher_tokens", "_student_tokens")
@@ -25,8 +26,8 @@ class GradientStats(L.Callback):
     `grad/logit_sq_norm_teacher_tokens` and `grad/logit_sq_norm_student_tokens` (tokens the teacher
     / the student wrote; a split with no tokens in the step is not logged) and `grad/param_norm`
     (the student's parameter-gradient norm before clipping). Micro-batches of one step are
-    accumulated into one value. Gradients are taken over the real vocabulary (the logits the
-    divergence sees).
+    accumulated into one value, and so are the ranks' tokens under data parallelism. Gradients
+    are taken over the real vocabulary (the logits the divergence sees).
 
     `summary()` gives run means: token-weighted over all measured steps for the logit norms, the
     mean over measured steps for `grad/param_norm`.
@@ -88,7 +89,9 @@ class GradientStats(L.Callback):
         self.active = False
         metrics = {}
         if self.step_sq is not None:
-            sq, count = self.step_sq.tolist(), self.step_count.tolist()
+            # Every rank's tokens (the step's logit gradients are spread over the ranks' rollouts).
+            totals = global_sum(torch.cat([self.step_sq.double(), self.step_count.double()]))
+            sq, count = totals[:3].tolist(), totals[3:].tolist()
             for i, suffix in enumerate(SPLITS):
                 if count[i] > 0:
                     metrics[f"grad/logit_sq_norm{suffix}"] = sq[i] / count[i]

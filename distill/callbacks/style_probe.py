@@ -13,6 +13,7 @@ from distill.callbacks.generation import datamodule_option, log_scalars, student
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
+from distill.parallel import gathered
 from distill.rollout import RolloutSampler
 from distill.tasks.countdown import STYLE_PATTERN
 from distill.tasks.registry import get_task
@@ -136,7 +137,8 @@ class StyleProbe(L.Callback):
         if trainer.global_step == self.last_step:
             return
         self.last_step = trainer.global_step
-        self.latest = self.share(trainer, pl_module)
+        with gathered(pl_module.student):  # under FSDP: one gather for the whole measurement
+            self.latest = self.share(trainer, pl_module)
         if self.start is None:
             self.start = self.latest
         log_scalars(trainer, {"style/teacher_style_share": self.latest})

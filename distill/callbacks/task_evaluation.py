@@ -12,6 +12,7 @@ from distill.checks import check, check_int, check_number, is_int
 from distill.metrics.entropy import masked_sum_count, token_entropy
 from distill.metrics.sampled_coverage import coverage_metrics
 from distill.models.forward import completion_width
+from distill.parallel import gathered
 from distill.rollout import RolloutSampler
 from distill.seeds import path_seed
 from distill.tasks.registry import get_task
@@ -129,7 +130,8 @@ class TaskEvaluation(L.Callback):
         )
         batch_size = self.batch_size or datamodule_option(trainer, "eval_batch_size", 256)
         for name, rows in self._problems(trainer, split):
-            values = self.evaluate(trainer, pl_module, get_task(name), rows, sampler, batch_size)
+            with gathered(pl_module.student):  # under FSDP: one gather per task, same on every rank
+                values = self.evaluate(trainer, pl_module, get_task(name), rows, sampler, batch_size)
             for key, value in values.items():
                 metric = f"{split}/{name}/{key}"
                 pl_module.log(metric, value, add_dataloader_idx=False, batch_size=len(rows))

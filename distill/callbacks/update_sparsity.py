@@ -15,14 +15,16 @@ from distill.callbacks.generation import log_scalars
 from distill.callbacks.interval import StepInterval
 from distill.checks import check_int, check_number
 from distill.metrics import update_sparsity
+from distill.parallel import full_tensor
 from distill.runinfo import write_atomic
 
 SNAPSHOT_NAME = "theta0.safetensors"
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """name -> parameter, trainable ones only; a tied weight appears once (`named_parameters`)."""
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+    """name -> parameter, trainable ones only; a tied weight appears once (`named_parameters`). An
+    FSDP-sharded parameter comes whole (`full_tensor`: a collective, taken by every rank)."""
+    return {name: full_tensor(p.detach()) for name, p in model.named_parameters() if p.requires_grad}
 
 
 class UpdateSparsity(L.Callback):

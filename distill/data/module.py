@@ -9,9 +9,9 @@ The DataModule owns rollout sampling: its dataloaders yield tokenised prompt bat
 
 Under data parallelism each rank draws its own shard of prompts: training batches from
 `ResumableShuffle` (the ranks' k-th batches together are the single-process k-th batch of
-batch_size x ranks), evaluation prompts split without repeats (`UnrepeatedDistributedSampler`), so
-the validation and test figures, summed over ranks by `distill.training.EvalFigures`, count every
-prompt once.
+batch_size x ranks), evaluation prompts split without repeats into equally many batches on every
+rank (`EvenBatches`), so the validation and test figures, summed over ranks by
+`distill.training.EvalFigures`, count every prompt once.
 
 A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule`) works with
 `mix` 0 and a granularity other than `speculative`: the student then writes every rollout.
@@ -20,12 +20,13 @@ A LightningModule without a teacher (`teacher` None, e.g. `distill.rl.GRPOModule
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from datasets import Dataset
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, DistributedSampler
 
 from distill.checks import check_int
@@ -46,6 +47,43 @@ def _rows(task, n: int, seed: int, part: str) -> list[dict]:
     if hasattr(task, "parts"):
         return task.rows(n, seed, part=part)
     return task.rows(n, seed=seed)
+
+
+class EvenBatches(DistributedSampler):
+    """Rank `rank`'s evaluation batches (lists of row indices) over `n` prompts, for a DataLoader with
+    `batch_size=None` over `RowLists`. The rank scores its own prompts, rank r gets r, r + world, ...
+    (each prompt once: a padding sampler would repeat a few to even the shards out, counting them
+    twice in the summed figures), cut into as many batches as every other rank's, so that ranks walk
+    their evaluation loops in step (under FSDP each batch's rollout is a collective). A batch holds
+    at most `batch_size` prompts (one more only when `batch_size` is 1 and the shards differ in
+    length). A `DistributedSampler`, so Lightning injects no sampler of its own."""
+
+    def __init__(self, n: int, batch_size: int, world: int, rank: int):
+        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=False)
+        own = list(range(rank, n, world))
+        count = min(math.ceil(math.ceil(n / world) / batch_size), n // world)
+        size, extra = divmod(len(own), count)
+        bounds = [i * size + min(i, extra) for i in range(count + 1)]
+        self.batches = [own[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class RowLists(torch.utils.data.Dataset):
+    """`dataset`'s rows by lists of indices (`EvenBatches` hands out whole batches)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: list[int]) -> list[dict]:
+        return [self.dataset[i] for i in index]
 
 
 class ResumableShuffle(DistributedSampler):
@@ -255,10 +293,10 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _loader(self, dataset, batch_size: int) -> DataLoader:
         world, rank = self._ranks()
-        # Each rank scores its own prompts, none twice (Lightning's default sampler would repeat a
-        # few to even the shards out, counting them twice in the summed figures).
-        sampler = UnrepeatedDistributedSampler(dataset, world, rank, shuffle=False) if world > 1 else None
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.collate)
+        if world == 1:
+            return DataLoader(dataset, batch_size=batch_size, collate_fn=self.collate)
+        batches = EvenBatches(len(dataset), batch_size, world, rank)
+        return DataLoader(RowLists(dataset), batch_size=None, sampler=batches, collate_fn=self.collate)
 
     def train_dataloader(self):
         world, rank = self._ranks()
@@ -283,7 +321,9 @@ class RolloutDataModule(L.LightningDataModule):
     # --- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the data position and, while `refresh_every` > 1 reuses a
-        rollout batch, that batch (its student weights are gone, so it cannot be re-sampled)."""
+        rollout batch, that batch (its student weights are gone, so it cannot be re-sampled).
+        Under data parallelism each rank reuses its own batch: every rank's is gathered
+        (`reuse_by_rank`, a collective; rank 0 writes the checkpoint)."""
         reuse = None
         if self._reuse is not None:
             step, out = self._reuse
@@ -292,12 +332,29 @@ class RolloutDataModule(L.LightningDataModule):
                 "rollout": dataclasses.asdict(out["rollout"].to("cpu")),
                 "rows": out["rows"],
             }
-        return {"position": dict(self._position), "reuse": reuse}
+        state = {"position": dict(self._position), "reuse": reuse}
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            state["reuse_by_rank"] = [None] * dist.get_world_size()
+            dist.all_gather_object(state["reuse_by_rank"], reuse)
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._position = dict(state_dict["position"])
         self._resume_from = dict(self._position)
         reuse = state_dict.get("reuse")
+        by_rank = state_dict.get("reuse_by_rank")
+        world, rank = self._ranks()
+        if by_rank is not None or world > 1:
+            if by_rank is None or len(by_rank) != world:
+                written = 1 if by_rank is None else len(by_rank)
+                if any(r is not None for r in by_rank or [reuse]):
+                    raise ValueError(
+                        f"the checkpoint holds rollout batches of {written} rank(s) for reuse "
+                        f"(data.refresh_every {self.hparams.refresh_every}); resume it on {written} "
+                        f"device(s), not {world}"
+                    )
+            else:
+                reuse = by_rank[rank]
         self._reuse = None
         if reuse is not None:
             out = {

@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import nn
 
 from distill.checks import check_int, check_number
+from distill.parallel import full_state_dict, gathered
 
 
 def forward_accepts(model, name: str) -> bool:
@@ -75,12 +77,14 @@ def row_chunks(batch: int, width: int, vocab_size: int, budget_mb: float, itemsi
 
 @contextmanager
 def eval_no_grad(*models: nn.Module) -> Iterator[None]:
-    """Eval mode and `torch.no_grad()` for the duration; every submodule's mode is restored after."""
+    """Eval mode and `torch.no_grad()` for the duration; every submodule's mode is restored after.
+    An FSDP-sharded model is kept whole meanwhile (`distill.parallel.gathered`: its forwards inside
+    are local, so ranks may decode different numbers of tokens), a collective every rank enters."""
     modes = {id(m): (m, m.training) for model in models for m in model.modules()}
     for model in models:
         model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), gathered(*models):
             yield
     finally:
         # Set the flag itself: `Module.train(mode)` would recurse and undo the children's modes.
@@ -101,8 +105,12 @@ def drop_from_state_dict(name: str):
 
 
 def export_pretrained(model, tokenizer, path: str | Path) -> Path:
-    """`save_pretrained` a model and its tokenizer (loadable with the Auto* classes)."""
+    """`save_pretrained` a model and its tokenizer (loadable with the Auto* classes). Call it on
+    every rank: an FSDP-sharded model is gathered (`distill.parallel.full_state_dict`, a
+    collective), and only rank 0 writes."""
     path = Path(path)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    state = full_state_dict(model)
+    if rank_zero_only.rank == 0:
+        model.save_pretrained(path, **({} if state is None else {"state_dict": state}))
+        tokenizer.save_pretrained(path)
     return path

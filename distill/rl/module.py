@@ -47,6 +47,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.names import KL_ESTIMATORS
+from distill.parallel import full_tensor, is_sharded, shard_model
 from distill.rl.logprobs import token_logprobs_and_kl
 from distill.rl.objective import (
     GRPOBatch,
@@ -177,8 +178,12 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
 
     # --- models -----------------------------------------------------------------------------------
     def configure_model(self) -> None:
-        if self.student is not None:
-            return
+        if self.student is None:
+            self.load_models()
+        if self.device_mesh is not None and not is_sharded(self.student):  # ModelParallelStrategy
+            shard_model(self.student, self.device_mesh, "model.student")  # FSDP2: distill.parallel
+
+    def load_models(self) -> None:
         hp = self.hparams
         attn = {"attn_implementation": hp.attn_implementation}
         self.student = load_model(
@@ -321,7 +326,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
             t0 = time.perf_counter()
             clip = self.hparams.gradient_clip_val
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
+            grad_norm = full_tensor(
+                torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip or math.inf)
+            )
             if self.guard.step_ok(sums["loss"], grad_norm, self._trainer):
                 optimizer.step()
                 if scheduler is not None:

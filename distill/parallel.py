@@ -1,0 +1,111 @@
+"""Sharded training with FSDP2 (`torch.distributed.fsdp.fully_shard`) under Lightning's
+`ModelParallelStrategy`: the student's parameters, gradients and optimiser state are split across
+the data-parallel ranks; the frozen teacher (or GRPO's reference) stays whole on every rank.
+
+Why the teacher is not sharded: every generated token reads the whole teacher, so a sharded teacher
+would be all-gathered once per decode step (16 GB per token for an 8B teacher in bf16). It is
+read-only, holds no gradient or optimiser state, and is the same on every rank: replicating it
+costs its weights once per GPU and no communication.
+
+Generation, evaluation and the measurement callbacks run their forwards inside `gathered(...)`: the
+student's shards are all-gathered once, kept whole while the model decodes or scores, and
+resharded afterwards. Inside, a forward is local (no collective), so ranks may decode different
+numbers of tokens or score different numbers of row chunks; what must match across ranks is only
+the number of `gathered` blocks, which is one per rollout batch, evaluation batch or measurement
+(every rank walks the same number of them: `RolloutDataModule` gives every rank equally many
+evaluation batches). Training forwards and backwards stay sharded (FSDP2's per-layer all-gather and
+reduce-scatter); every rank takes the same number of micro-batches.
+
+Outside FSDP (one process, DDP) every helper here is a no-op or the identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import torch
+from torch import nn
+
+
+def fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    """The FSDP2-managed submodules of `model` (itself included), outermost first; [] if none (or
+    if `model` is not a module: a stand-in, or None before the models are loaded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, nn.Module):
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return bool(fsdp_modules(model))
+
+
+def shard_model(model: nn.Module, device_mesh, owner: str) -> nn.Module:
+    """`fully_shard` each transformer block of a Hugging Face model (the classes its
+    `_no_split_modules` names), then the rest of it (embeddings, final norm, LM head) as the root
+    group, over the mesh's `data_parallel` dimension. `device_mesh` is the strategy's
+    (`LightningModule.device_mesh`); its tensor-parallel dimension must have size 1 (no tensor
+    parallel plan exists for these models here)."""
+    from torch.distributed.fsdp import fully_shard
+
+    names = device_mesh.mesh_dim_names or ()
+    tp = device_mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+    if tp != 1:
+        raise ValueError(
+            f"{owner}: trainer.strategy.tensor_parallel_size must be 1 (distill shards the student with "
+            f"FSDP2 only; there is no tensor-parallel plan), got {tp}"
+        )
+    mesh = device_mesh["data_parallel"] if "data_parallel" in names else device_mesh
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    if not layers:
+        raise ValueError(
+            f"{owner}: cannot find the transformer blocks of {type(model).__name__} to shard "
+            f"(its _no_split_modules is {sorted(blocks)!r})"
+        )
+    for layer in layers:  # resharded after each forward: what `gathered` restores on leaving
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    return model
+
+
+_GATHERED: set[int] = set()  # ids of the FSDP modules inside a `gathered` block
+
+
+@contextmanager
+def gathered(*models: nn.Module) -> Iterator[None]:
+    """Keep every FSDP2-sharded model among `models` whole for the block: all-gather its shards
+    once, keep them through every forward inside (no per-forward collective), reshard at the end.
+    A collective when any model is sharded: every rank must enter the block the same number of
+    times. Nested blocks leave the outer one's modules alone; a no-op for models not sharded."""
+    sharded = [m for model in models for m in fsdp_modules(model) if id(m) not in _GATHERED]
+    if not sharded:
+        yield
+        return
+    with ExitStack() as stack:
+        for module in sharded:
+            module.set_reshard_after_forward(False, recurse=False)
+            module.unshard()
+            _GATHERED.add(id(module))
+            stack.callback(_GATHERED.discard, id(module))
+            stack.callback(module.set_reshard_after_forward, True, recurse=False)
+            stack.callback(module.reshard)
+        yield
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective), any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The model's whole state dict on the CPU: for a sharded model gathered on rank 0 (a
+    collective: every rank calls it; the others get an empty dict); else `state_dict()` as it is
+    (None: `save_pretrained` reads the model itself)."""
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
