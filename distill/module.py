@@ -324,7 +324,10 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def _evaluate(self, batch: dict, prefix: str) -> None:
         rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
         texts = rollout.completions(self.tokenizer)
-        scores = torch.tensor([get_task(task).score(t, r) for t, r in zip(texts, rows)])
+        # On the rollout's device: torchmetrics sums these over ranks (NCCL: GPU tensors only).
+        scores = torch.tensor(
+            [get_task(task).score(t, r) for t, r in zip(texts, rows)], device=rollout.input_ids.device
+        )
         self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
         sums, count = completion_statistics(
             self.student,

@@ -65,9 +65,13 @@ def shard_model(model: nn.Module, device_mesh, owner: str) -> nn.Module:
             f"{owner}: cannot find the transformer blocks of {type(model).__name__} to shard "
             f"(its _no_split_modules is {sorted(blocks)!r})"
         )
-    for layer in layers:  # resharded after each forward: what `gathered` restores on leaving
+    # Blocks reshard after their forward (gathered again in backward); the root unit (embeddings,
+    # the LM head, the final norm) stays whole from forward to backward, which reads it at once.
+    for layer in layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        layer._distill_reshard_after_forward = True  # what `gathered` restores on leaving
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    model._distill_reshard_after_forward = False
     return model
 
 
@@ -77,22 +81,33 @@ _GATHERED: set[int] = set()  # ids of the FSDP modules inside a `gathered` block
 @contextmanager
 def gathered(*models: nn.Module) -> Iterator[None]:
     """Keep every FSDP2-sharded model among `models` whole for the block: all-gather its shards
-    once, keep them through every forward inside (no per-forward collective), reshard at the end.
-    A collective when any model is sharded: every rank must enter the block the same number of
-    times. Nested blocks leave the outer one's modules alone; a no-op for models not sharded."""
-    sharded = [m for model in models for m in fsdp_modules(model) if id(m) not in _GATHERED]
+    once, keep them through every forward inside (no per-forward collective), reshard at the end
+    and restore each unit's resharding after forward (`shard_model`'s choice). A collective when
+    any model is sharded: every rank must enter the block the same number of times. Nested blocks
+    leave the outer one's modules alone; a no-op for models not sharded.
+
+    The gathered weights are allocated outside inference mode even inside it (Lightning evaluates
+    under `torch.inference_mode` with NCCL): FSDP2 reuses those buffers for training forwards,
+    which may not write to inference tensors."""
+    sharded = {id(m): m for model in models for m in fsdp_modules(model) if id(m) not in _GATHERED}
     if not sharded:
         yield
         return
     with ExitStack() as stack:
-        for module in sharded:
+        for key, module in sharded.items():
+            after = getattr(module, "_distill_reshard_after_forward", True)
+            _GATHERED.add(key)
+            stack.callback(_GATHERED.discard, key)
+            stack.callback(module.set_reshard_after_forward, after, recurse=False)
+            stack.callback(_outside_inference_mode, module.reshard)
             module.set_reshard_after_forward(False, recurse=False)
-            module.unshard()
-            _GATHERED.add(id(module))
-            stack.callback(_GATHERED.discard, id(module))
-            stack.callback(module.set_reshard_after_forward, True, recurse=False)
-            stack.callback(module.reshard)
+            _outside_inference_mode(module.unshard)
         yield
+
+
+def _outside_inference_mode(call) -> None:
+    with torch.inference_mode(False):
+        call()
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

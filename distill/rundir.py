@@ -251,12 +251,14 @@ class RunRecord(Callback):
     """Stores `config` and the trainer's logged scalars in every checkpoint; on resume, restores
     the scalars (`self.restored`), so figures logged before the checkpoint are not lost, and
     writes `optimizer_changes` (hyperparameter -> new value, a resume's recorded config change)
-    into the checkpoint's optimiser state before Lightning restores it, so they take effect."""
+    into the checkpoint's optimiser state before Lightning restores it, and into the restored
+    optimisers when training starts, so they take effect under every strategy."""
 
     def __init__(self, config: dict, optimizer_changes: dict[str, Any] | None = None):
         self.config = config
         self.optimizer_changes = dict(optimizer_changes or {})
         self.restored: dict[str, float] = {}
+        self.resumed = False
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[RECORD_KEY] = {
@@ -266,11 +268,22 @@ class RunRecord(Callback):
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         self.restored = dict(checkpoint.get(RECORD_KEY, {}).get("metrics", {}))
+        self.resumed = True
         for state in checkpoint.get("optimizer_states", []):
-            for group in state.get("param_groups", []):
-                for name, value in self.optimizer_changes.items():
-                    if name in group:
-                        group[name] = tuple(value) if isinstance(group[name], tuple) else value
+            self._apply(state.get("param_groups", []))
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Also on the live optimisers: a strategy that restores optimiser state itself (FSDP2's
+        # ModelParallelStrategy, inside `load_checkpoint`) has read it before the edit above.
+        if self.resumed:
+            for optimizer in trainer.optimizers:
+                self._apply(optimizer.param_groups)
+
+    def _apply(self, groups: list[dict]) -> None:
+        for group in groups:
+            for name, value in self.optimizer_changes.items():
+                if name in group:
+                    group[name] = tuple(value) if isinstance(group[name], tuple) else value
 
     def metrics(self, trainer) -> dict[str, float]:
         """Figures of this session over those restored from the checkpoint."""

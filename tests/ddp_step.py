@@ -24,6 +24,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from distill.losses import ReverseKL
+from distill.models.forward import eval_no_grad
 from distill.module import DistillationModule
 from distill.parallel import full_state_dict, is_sharded
 from distill.rl import GRPOModule
@@ -88,6 +89,16 @@ class Record(L.Callback):
         (OUT / f"rank{rank}.json").write_text(json.dumps(logged))
 
 
+class ScoreInInferenceMode(L.Callback):
+    """Before training, one forward of the gathered student under `torch.inference_mode` (how
+    Lightning evaluates with NCCL): the training that follows must still run (FSDP2 reuses the
+    gathered weights' buffers, which must not become inference tensors) and update as before."""
+
+    def on_train_start(self, trainer, pl_module):
+        with torch.inference_mode(), eval_no_grad(pl_module.student):
+            pl_module.student(input_ids=torch.tensor([[8, 9, 10]]))
+
+
 def build(kind: str, world: Path):
     sgd = lambda params: torch.optim.SGD(params, lr=1.0)  # noqa: E731
     if kind == "distill":
@@ -137,7 +148,7 @@ if __name__ == "__main__":
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[Record()],
+        callbacks=[Record(), ScoreInInferenceMode()],
     )
     trainer.fit(module, datamodule=data)
     assert is_sharded(module.student) == (parallel == "fsdp" and devices > 1)

@@ -109,7 +109,9 @@ def test_evaluation_prompts_are_split_without_repeats(char_tok):
     assert sorted(seen[0] + seen[1]) == sorted(row["prompt"] for row in dm.val_sets[0])
 
 
-@pytest.mark.parametrize("n, world", [(n, w) for w in (2, 3) for n in (2, 3, 5, 7, 8, 13, 64) if n >= w])
+@pytest.mark.parametrize(
+    "n, world", [(n, w) for w in (2, 3) for n in (0, 2, 3, 5, 7, 8, 13, 64) if n >= w or n == 0]
+)
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 250])
 def test_evaluation_batches_are_as_many_on_every_rank(n, batch_size, world):
     """Ranks walk their evaluation loops in step (under FSDP each batch's rollout is a collective):
@@ -119,6 +121,9 @@ def test_evaluation_batches_are_as_many_on_every_rank(n, batch_size, world):
 
     ranks = [list(EvenBatches(n, batch_size, world, r)) for r in range(world)]
     assert len({len(batches) for batches in ranks}) == 1
+    if n == 0:  # data.val_size / test_size 0: no evaluation
+        assert ranks == [[]] * world
+        return
     every = [i for batches in ranks for batch in batches for i in batch]
     assert sorted(every) == list(range(n))
     limit = batch_size + (batch_size == 1 and n % world != 0)
@@ -133,7 +138,7 @@ def test_a_rank_resumes_its_own_reused_rollouts_and_refuses_another_world(char_t
 
     monkeypatch.setattr(data_module, "RolloutBatch", lambda **fields: fields)
     mine = [{"step": 3, "rollout": {"input_ids": f"rank {r}"}, "rows": [r]} for r in range(2)]
-    state = {"position": {"epoch": 0, "batches": 4}, "reuse": mine[0], "reuse_by_rank": mine}
+    state = {"position": {"epoch": 0, "batches": 4}, "reuse": None, "reuse_by_rank": mine}
     for rank in range(2):
         dm = _datamodule(2, rank, char_tok, refresh_every=3)
         dm.load_state_dict(state)
@@ -142,6 +147,14 @@ def test_a_rank_resumes_its_own_reused_rollouts_and_refuses_another_world(char_t
     for world in (1, 3):
         with pytest.raises(ValueError, match=rf"batches of 2 rank\(s\).*on 2 device\(s\), not {world}"):
             _datamodule(world, 0, char_tok, refresh_every=3).load_state_dict(state)
+    # One process's checkpoint (or one of several ranks from before per-rank saving) on 2 ranks.
+    single = {"position": state["position"], "reuse": mine[0]}
+    with pytest.raises(ValueError, match=r"batches of 1 rank\(s\).*on 1 device\(s\), not 2"):
+        _datamodule(2, 1, char_tok, refresh_every=3).load_state_dict(single)
+    # Nothing to reuse: any layout resumes.
+    dm = _datamodule(3, 2, char_tok, refresh_every=3)
+    dm.load_state_dict({**state, "reuse_by_rank": [None, None]})
+    assert dm._reuse is None and dm._position == state["position"]
 
 
 def test_evaluation_needs_a_prompt_per_rank(char_tok):

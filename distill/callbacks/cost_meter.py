@@ -105,13 +105,14 @@ class CostMeter(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = step_result(outputs)
         if step is not None:
-            self.add_step(step)
+            self.add_step(step, pl_module.device)
         if self.interval.due_after(trainer):
             log_scalars(trainer, self.metrics())
 
-    def add_step(self, step: StepResult) -> None:
+    def add_step(self, step: StepResult, device: torch.device | str = "cpu") -> None:
         """Add one training batch's costs; a rollout's own costs count once (not when reused).
-        Tokens are every rank's (summed over ranks, a collective); wall times are this rank's."""
+        Tokens are every rank's (summed over ranks on `device`, the module's: a collective, which
+        NCCL takes on the GPU only); wall times are this rank's."""
         cost = step.cost
         tokens = dict.fromkeys(TOKEN_KEYS, 0)
         if not step.reused_rollout:
@@ -120,7 +121,7 @@ class CostMeter(L.Callback):
         tokens["teacher_train_forward_tokens"] = cost.teacher_forward_tokens
         tokens["reference_forward_tokens"] = cost.reference_forward_tokens
         tokens["student_train_tokens"] = cost.student_train_tokens
-        summed = global_sum(torch.tensor(list(tokens.values()), dtype=torch.float64, device=step.loss.device))
+        summed = global_sum(torch.tensor(list(tokens.values()), dtype=torch.float64, device=device))
         for key, value in zip(tokens, summed.tolist()):
             self.tokens[key] += int(value)
         self.times["teacher_forward"] += cost.teacher_forward_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning as L
@@ -21,10 +22,25 @@ from distill.runinfo import write_atomic
 SNAPSHOT_NAME = "theta0.safetensors"
 
 
-def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def trainable_parameters(model: torch.nn.Module) -> Mapping[str, torch.Tensor]:
     """name -> parameter, trainable ones only; a tied weight appears once (`named_parameters`). An
-    FSDP-sharded parameter comes whole (`full_tensor`: a collective, taken by every rank)."""
-    return {name: full_tensor(p.detach()) for name, p in model.named_parameters() if p.requires_grad}
+    FSDP-sharded parameter is gathered whole when read (`full_tensor`: a collective, which every
+    rank takes in the same order), one at a time: never the whole model at once."""
+    return _Trainable({name: p for name, p in model.named_parameters() if p.requires_grad})
+
+
+class _Trainable(Mapping):
+    def __init__(self, params: dict[str, torch.Tensor]):
+        self._params = params
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return full_tensor(self._params[name].detach())
+
+    def __iter__(self):
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
 
 
 class UpdateSparsity(L.Callback):
@@ -38,7 +54,8 @@ class UpdateSparsity(L.Callback):
     `sparsity/relative_update_norm` (‖θ - θ0‖ / ‖θ0‖ over all trainable entries) and, with a
     TensorBoard logger, the per-tensor fractions as the histogram `sparsity/per_tensor`. Measured
     every `every_n_steps` optimiser steps and at the end of fit, tensor by tensor in float32 slices
-    (never a float32 copy of the whole model).
+    (never a float32 copy of the whole model; an FSDP-sharded tensor is gathered whole in turn).
+    θ0 is whole on every rank (`offload_to_cpu` keeps it off the GPU).
 
     θ0 is written once to a safetensors file and only its path goes into checkpoints; resuming
     reads θ0 back from that file, so the comparison stays against the original student.

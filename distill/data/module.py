@@ -62,6 +62,9 @@ class EvenBatches(DistributedSampler):
         super().__init__(range(n), num_replicas=world, rank=rank, shuffle=False)
         own = list(range(rank, n, world))
         count = min(math.ceil(math.ceil(n / world) / batch_size), n // world)
+        if count == 0:  # no prompts (val_size or test_size 0)
+            self.batches: list[list[int]] = []
+            return
         size, extra = divmod(len(own), count)
         bounds = [i * size + min(i, extra) for i in range(count + 1)]
         self.batches = [own[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -322,8 +325,8 @@ class RolloutDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the data position and, while `refresh_every` > 1 reuses a
         rollout batch, that batch (its student weights are gone, so it cannot be re-sampled).
-        Under data parallelism each rank reuses its own batch: every rank's is gathered
-        (`reuse_by_rank`, a collective; rank 0 writes the checkpoint)."""
+        Under data parallelism each rank reuses its own batch: every rank's is gathered to rank 0,
+        which writes the checkpoint (`reuse_by_rank`; a collective every rank enters)."""
         reuse = None
         if self._reuse is not None:
             step, out = self._reuse
@@ -332,11 +335,11 @@ class RolloutDataModule(L.LightningDataModule):
                 "rollout": dataclasses.asdict(out["rollout"].to("cpu")),
                 "rows": out["rows"],
             }
-        state = {"position": dict(self._position), "reuse": reuse}
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            state["reuse_by_rank"] = [None] * dist.get_world_size()
-            dist.all_gather_object(state["reuse_by_rank"], reuse)
-        return state
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return {"position": dict(self._position), "reuse": reuse}
+        by_rank = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(reuse, by_rank, dst=0)  # rank 0 writes the checkpoint
+        return {"position": dict(self._position), "reuse": None, "reuse_by_rank": by_rank}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._position = dict(state_dict["position"])
@@ -344,17 +347,18 @@ class RolloutDataModule(L.LightningDataModule):
         reuse = state_dict.get("reuse")
         by_rank = state_dict.get("reuse_by_rank")
         world, rank = self._ranks()
-        if by_rank is not None or world > 1:
-            if by_rank is None or len(by_rank) != world:
-                written = 1 if by_rank is None else len(by_rank)
-                if any(r is not None for r in by_rank or [reuse]):
-                    raise ValueError(
-                        f"the checkpoint holds rollout batches of {written} rank(s) for reuse "
-                        f"(data.refresh_every {self.hparams.refresh_every}); resume it on {written} "
-                        f"device(s), not {world}"
-                    )
-            else:
-                reuse = by_rank[rank]
+        if by_rank is not None and len(by_rank) == world:
+            reuse = by_rank[rank]
+        elif world > 1 or by_rank is not None:
+            kept = by_rank if by_rank is not None else [reuse]
+            if any(r is not None for r in kept):  # a batch to reuse that this layout cannot place
+                raise ValueError(
+                    f"the checkpoint holds rollout batches of {len(kept)} rank(s) for reuse "
+                    f"(data.refresh_every {self.hparams.refresh_every}); resume it on {len(kept)} "
+                    f"device(s), not {world} (a checkpoint of several ranks written before each "
+                    "rank's batch was saved holds rank 0's only: it cannot resume exactly)"
+                )
+            reuse = None
         self._reuse = None
         if reuse is not None:
             out = {

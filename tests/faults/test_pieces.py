@@ -278,3 +278,29 @@ def test_options_added_since_a_checkpoint_do_not_block_its_resume_at_their_defau
     assert "data.group_size" in config_changes(old, {**new, "data": {"mix": 0, "group_size": 1}})
     broken = {"model": {"class_path": "no.such.Module", "init_args": {"student": "s", "x": 1}}}
     assert config_changes({"model": {"class_path": "no.such.Module", "init_args": {"student": "s"}}}, broken)
+
+
+def test_a_recorded_optimizer_change_reaches_optimizers_restored_by_the_strategy():
+    """A resume's recorded change (lr 1e-3 -> 1e-2) lands in the checkpoint's optimiser state (what
+    Lightning restores) and, when training starts, in the live optimisers, for a strategy that
+    restored them itself before the edit (FSDP2's ModelParallelStrategy); a fresh run is left
+    alone."""
+    from types import SimpleNamespace
+
+    from distill.rundir import RunRecord
+
+    def adamw():
+        return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, betas=(0.9, 0.999))
+
+    change = {"lr": 1e-2, "betas": [0.8, 0.99]}
+    restored = adamw()  # what the strategy loaded from the file, before any callback saw it
+    checkpoint = {"optimizer_states": [adamw().state_dict()]}
+    record = RunRecord({}, optimizer_changes=change)
+    record.on_load_checkpoint(None, None, checkpoint)
+    assert checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] == 1e-2
+    assert restored.param_groups[0]["lr"] == 1e-3
+    record.on_train_start(SimpleNamespace(optimizers=[restored]), None)
+    assert restored.param_groups[0]["lr"] == 1e-2 and restored.param_groups[0]["betas"] == (0.8, 0.99)
+    fresh = adamw()
+    RunRecord({}, optimizer_changes=change).on_train_start(SimpleNamespace(optimizers=[fresh]), None)
+    assert fresh.param_groups[0]["lr"] == 1e-3
