@@ -116,9 +116,9 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """The model's whole state dict on the CPU: for a sharded model gathered on rank 0 (a
-    collective: every rank calls it; the others get an empty dict); else `state_dict()` as it is
-    (None: `save_pretrained` reads the model itself)."""
+    """A sharded model's whole state dict, gathered on rank 0's CPU (a collective: every rank calls
+    it; the others get an empty dict). None for a model that is not sharded: `save_pretrained`
+    then reads the model itself."""
     if not is_sharded(model):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
