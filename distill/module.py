@@ -32,7 +32,7 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.parallel import full_tensor, is_sharded, shard_model
+from distill.parallel import full_tensor, shard_model
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -150,8 +150,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def configure_model(self) -> None:
         if self.student is None:
             self.load_models()
-        if self.device_mesh is not None and not is_sharded(self.student):  # ModelParallelStrategy
-            shard_model(self.student, self.device_mesh, "model.student")  # FSDP2: distill.parallel
+        shard_model(self.student, self.device_mesh, "model.student")  # FSDP2 under ModelParallelStrategy
 
     def load_models(self) -> None:
         hp = self.hparams

@@ -46,10 +46,13 @@ def shard_model(model: nn.Module, device_mesh, owner: str) -> nn.Module:
     """`fully_shard` each transformer block of a Hugging Face model (the classes its
     `_no_split_modules` names), then the rest of it (embeddings, final norm, LM head) as the root
     group, over the mesh's `data_parallel` dimension. `device_mesh` is the strategy's
-    (`LightningModule.device_mesh`); its tensor-parallel dimension must have size 1 (no tensor
-    parallel plan exists for these models here)."""
+    (`LightningModule.device_mesh`: None outside `ModelParallelStrategy`, and the model is left as
+    it is, as it is when already sharded); its tensor-parallel dimension must have size 1 (no
+    tensor parallel plan exists for these models here)."""
     from torch.distributed.fsdp import fully_shard
 
+    if device_mesh is None or is_sharded(model):
+        return model
     names = device_mesh.mesh_dim_names or ()
     tp = device_mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
     if tp != 1:

@@ -47,7 +47,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.names import KL_ESTIMATORS
-from distill.parallel import full_tensor, is_sharded, shard_model
+from distill.parallel import full_tensor, shard_model
 from distill.rl.logprobs import token_logprobs_and_kl
 from distill.rl.objective import (
     GRPOBatch,
@@ -180,8 +180,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def configure_model(self) -> None:
         if self.student is None:
             self.load_models()
-        if self.device_mesh is not None and not is_sharded(self.student):  # ModelParallelStrategy
-            shard_model(self.student, self.device_mesh, "model.student")  # FSDP2: distill.parallel
+        shard_model(self.student, self.device_mesh, "model.student")  # FSDP2 under ModelParallelStrategy
 
     def load_models(self) -> None:
         hp = self.hparams
