@@ -190,3 +190,31 @@ def test_a_rank_other_than_zero_writes_no_run_file(tiny_world_cache, tmp_path, m
     assert "train/loss" in metrics and "test/countdown3/accuracy" in metrics  # it did run
     assert [p.name for p in run.iterdir()] == ["config.yaml"]
     assert (run / "config.yaml").read_text() == "an earlier attempt's\n"
+
+
+class _Mesh:
+    """What `shard_model` reads of a device mesh before sharding: its dimensions' names and sizes."""
+
+    mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+    def __init__(self, tp: int):
+        self.tp = tp
+
+    def __getitem__(self, name):
+        size = self.tp if name == "tensor_parallel" else 2
+        return type("Dim", (), {"size": lambda _self: size})()
+
+
+def test_shard_model_refuses_tensor_parallelism_and_models_without_blocks():
+    from distill.parallel import shard_model
+
+    with pytest.raises(
+        ValueError, match=r"model\.student: trainer\.strategy\.tensor_parallel_size must be 1 .*got 2"
+    ):
+        shard_model(torch.nn.Linear(2, 2), _Mesh(tp=2), "model.student")
+    with pytest.raises(
+        ValueError, match=r"model\.student: cannot find the transformer blocks of Linear .*\[\]"
+    ):
+        shard_model(torch.nn.Linear(2, 2), _Mesh(tp=1), "model.student")
+    plain = torch.nn.Linear(2, 2)
+    assert shard_model(plain, None, "model.student") is plain  # outside ModelParallelStrategy
