@@ -45,24 +45,24 @@ demo: ## tiny world (if needed) + a 4-run grid (and the start and teacher refere
 
 sweep-tiny: ## the study's main grid on tiny world v2 (60 runs + references; about 4 h on 2 cores, resumable), archived in experiments/results/tiny_grid
 	$(BIN)/distill tiny-world
-	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2
-	$(BIN)/distill report experiments/runs/tiny_grid --archive experiments/results/tiny_grid
+	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2 --archive experiments/results/tiny_grid
+	$(BIN)/distill report experiments/results/tiny_grid
 	@echo "report: experiments/results/tiny_grid/report/report.md"
 
 sweep-robustness: ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; about 2.5 h on 2 cores, resumable)
 	$(BIN)/distill tiny-world
-	$(BIN)/distill sweep experiments/tiny_robustness.yaml --jobs 2
-	$(BIN)/distill report experiments/runs/tiny_robustness --archive experiments/results/tiny_robustness
+	$(BIN)/distill sweep experiments/tiny_robustness.yaml --jobs 2 --archive experiments/results/tiny_robustness
+	$(BIN)/distill report experiments/results/tiny_robustness
 
 sweep-style: ## style transfer from teacher-es: {forward, reverse} x mix {0, 0.5, 1} x 2 seeds (12 runs; about 50 min on 2 cores)
 	$(BIN)/distill tiny-world
-	$(BIN)/distill sweep experiments/tiny_style.yaml --jobs 2
-	$(BIN)/distill report experiments/runs/tiny_style --archive experiments/results/tiny_style
+	$(BIN)/distill sweep experiments/tiny_style.yaml --jobs 2 --archive experiments/results/tiny_style
+	$(BIN)/distill report experiments/results/tiny_style
 
 sweep-rlvr: ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, before/after on the harder variants (16 runs; about 1 h on 2 cores)
 	$(BIN)/distill tiny-world
-	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2
-	$(BIN)/distill report experiments/runs/tiny_rlvr --archive experiments/results/tiny_rlvr
+	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2 --archive experiments/results/tiny_rlvr
+	$(BIN)/distill report experiments/results/tiny_rlvr
 
 sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml

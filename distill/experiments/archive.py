@@ -13,6 +13,10 @@ rollout caches. The archive keeps what the report needs and what documents each 
 - per reference run (`references/<kind>`, `distill.experiments.references`): the same files and its
   `test_metrics.json`, no curves (it does not train).
 
+`distill sweep SPEC --archive DEST` archives each run the same way as soon as it finishes, and
+skips the runs DEST holds finished (`served_from_archive`): committed as it grows, DEST is what
+lets a sweep resume on a fresh checkout, where the sweep directory is gone.
+
 Runs keep their paths relative to the sweep directory. Archiving again into the same DEST
 replaces each run's files (a file the run no longer has is removed); a DEST holding runs that are
 not in the sweep is refused, so two sweeps never mix in one report.
@@ -22,12 +26,15 @@ from __future__ import annotations
 
 import csv
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
+from distill.experiments import rundirs
 from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import TEST_METRICS
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
+from distill.experiments.spec import Run
 from distill.rundir import METRICS
 
 RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS, TEST_METRICS)
@@ -63,18 +70,13 @@ def write_curves(run_dir: Path, path: Path) -> None:
         writer.writerows((tag, step, repr(value)) for tag, step, value in rows)
 
 
-def archive(sweep_dir: Path, dest: Path) -> list[Path]:
-    """Copy the committable files of `sweep_dir` into `dest`; returns the archived run directories."""
+def check_destination(sweep_dir: Path, dest: Path, wanted: set[Path]) -> None:
+    """Refuse an archive `dest` inside `sweep_dir`, or one holding runs whose paths (relative to
+    the sweep directory) are not in `wanted`: two sweeps never mix in one archive."""
     sweep_dir, dest = Path(sweep_dir), Path(dest)
-    if not sweep_dir.is_dir():
-        raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
     if dest.resolve() == sweep_dir.resolve() or sweep_dir.resolve() in dest.resolve().parents:
         raise ArchiveError(f"--archive {str(dest)!r} must lie outside the sweep directory {str(sweep_dir)!r}")
-    runs = _run_dirs(sweep_dir)
-    if not runs:
-        raise FileNotFoundError(f"no run directories in {str(sweep_dir)!r}")
     if dest.is_dir():
-        wanted = {run.relative_to(sweep_dir) for run in runs}
         foreign = [p.relative_to(dest) for p in _run_dirs(dest) if p.relative_to(dest) not in wanted]
         if foreign:
             names = ", ".join(str(p) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
@@ -82,25 +84,69 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
                 f"--archive {str(dest)!r} holds {len(foreign)} runs that are not in {str(sweep_dir)!r} "
                 f"({names}); archive into a new directory or remove them first"
             )
-    for meta in sorted(sweep_dir.rglob(SWEEP_RECORD)):
+
+
+def copy_records(sweep_dir: Path, dest: Path) -> None:
+    """Copy the sweep's `sweep.json` files (the top one and each stage's) into `dest`."""
+    for meta in sorted(Path(sweep_dir).rglob(SWEEP_RECORD)):
         if not SKIP_DIRS.intersection(meta.relative_to(sweep_dir).parts):
-            target = dest / meta.relative_to(sweep_dir)
+            target = Path(dest) / meta.relative_to(sweep_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(meta, target)
-    archived = []
-    for run_dir in runs:
-        target = dest / run_dir.relative_to(sweep_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in (*RUN_FILES, CURVES):  # an earlier archive's copy must not outlive its source
-            (target / name).unlink(missing_ok=True)
-        for name in RUN_FILES:
-            if (run_dir / name).is_file():
-                shutil.copyfile(run_dir / name, target / name)
-        if run_dir.parent.name == REFERENCES:  # evaluation only: no training curves
-            pass
-        elif (run_dir / "tensorboard").is_dir():
-            write_curves(run_dir, target / CURVES)
-        elif (run_dir / CURVES).is_file():  # archiving an archive
-            shutil.copyfile(run_dir / CURVES, target / CURVES)
-        archived.append(target)
-    return archived
+
+
+def archive_run(sweep_dir: Path, run_dir: Path, dest: Path) -> Path:
+    """Copy one run's committable files into `dest` (at its path relative to `sweep_dir`),
+    replacing an earlier copy's; returns the archived run directory."""
+    run_dir = Path(run_dir)
+    target = Path(dest) / run_dir.relative_to(sweep_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in (*RUN_FILES, CURVES):  # an earlier archive's copy must not outlive its source
+        (target / name).unlink(missing_ok=True)
+    for name in RUN_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, target / name)
+    if run_dir.parent.name == REFERENCES:  # evaluation only: no training curves
+        pass
+    elif (run_dir / "tensorboard").is_dir():
+        write_curves(run_dir, target / CURVES)
+    elif (run_dir / CURVES).is_file():  # archiving an archive
+        shutil.copyfile(run_dir / CURVES, target / CURVES)
+    return target
+
+
+def archive(sweep_dir: Path, dest: Path) -> list[Path]:
+    """Copy the committable files of `sweep_dir` into `dest`; returns the archived run directories."""
+    sweep_dir, dest = Path(sweep_dir), Path(dest)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
+    runs = _run_dirs(sweep_dir)
+    if not runs:
+        raise FileNotFoundError(f"no run directories in {str(sweep_dir)!r}")
+    check_destination(sweep_dir, dest, {run.relative_to(sweep_dir) for run in runs})
+    copy_records(sweep_dir, dest)
+    return [archive_run(sweep_dir, run_dir, dest) for run_dir in runs]
+
+
+def archived(run: Run, sweep_dir: Path, dest: Path) -> Run:
+    """`run` as its copy in the archive `dest` of the sweep directory `sweep_dir`."""
+    return replace(run, run_dir=Path(dest) / run.run_dir.relative_to(sweep_dir))
+
+
+def served_from_archive(runs: list[Run], sweep_dir: Path, dest: Path) -> list[Run]:
+    """The runs not done in `sweep_dir` whose copy in the archive `dest` is done (finished or
+    diverged): a sweep archiving into `dest` skips them, so a fresh checkout of the archive
+    resumes the sweep. A parent that a chained run still to run needs is left out: its exported
+    student is not archived, so it runs again (seeded, to the same result)."""
+    served = {
+        run.run_dir
+        for run in runs
+        if not rundirs.is_done(run) and rundirs.is_done(archived(run, sweep_dir, dest))
+    }
+    while needed := {
+        run.after
+        for run in runs
+        if run.after in served and run.run_dir not in served and not rundirs.is_done(run)
+    }:
+        served -= needed
+    return [run for run in runs if run.run_dir in served]

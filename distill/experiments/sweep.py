@@ -15,6 +15,12 @@ run first, are listed by `--dry-run`, skipped once finished, and are not counted
 `--devices 0,1,2,3 --jobs 2` gives each running fit its own GPUs: the list is cut into `jobs` equal
 groups (here 0,1 and 2,3) and a fit starts with `CUDA_VISIBLE_DEVICES` set to a group no other
 running fit holds; its config's `trainer.devices` should match the group's size.
+
+`--archive DEST` keeps the committable part of each run in DEST as soon as it finishes
+(`distill.experiments.archive`; runs finished before are archived at the start) and skips the runs
+DEST already holds finished. Commit DEST as the sweep goes, and a sweep cut short resumes from a
+fresh checkout, where the sweep directory (checkpoints, gigabytes) is gone; `distill report DEST`
+reads the archive.
 """
 
 from __future__ import annotations
@@ -27,85 +33,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from distill.experiments import references, rundirs
+from distill.experiments import rundirs
 from distill.experiments import spec as spec_module
+from distill.experiments.archive import (
+    ArchiveError,
+    archived,
+    check_destination,
+    copy_records,
+    served_from_archive,
+)
 from distill.experiments.fit_env import ROLLOUT_CACHE_ENV, child_env, device_groups  # noqa: F401 (re-exported)
 from distill.experiments.records import write_sweep_record
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
-from distill.rundir import RunDirError, RunLock, read_metrics, read_status
+from distill.experiments.tally import Progress, SweepResult, Tally, keep_in_archive
+from distill.rundir import RunDirError, RunLock
 
 POLL_S = 0.1
-
-
-@dataclass
-class SweepResult:
-    skipped: list[str] = field(default_factory=list)  # already finished before this invocation
-    finished: list[str] = field(default_factory=list)
-    failed: list[tuple[str, int, Path]] = field(default_factory=list)  # name, exit code, log
-
-
-class Progress:
-    """One status line: done / running / left / failed, rewritten in place on a terminal."""
-
-    def __init__(self, total: int, stream: TextIO):
-        self.total, self.stream = total, stream
-        self.done = self.running = self.failed = 0
-        self.tty = stream.isatty()
-
-    def show(self) -> None:
-        left = self.total - self.done - self.running - self.failed
-        line = f"[sweep] {self.done}/{self.total} done, {self.running} running, {left} left, {self.failed} failed"
-        self.stream.write(f"\r{line}\033[K" if self.tty else line + "\n")
-        self.stream.flush()
-
-    def message(self, text: str) -> None:
-        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
-        self.show()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-@dataclass
-class _Tally:
-    """What a sweep invocation has recorded so far: the result, the status line, and the run
-    directories that will not finish in it (failed or blocked)."""
-
-    result: SweepResult
-    progress: Progress
-    lost: set[Path] = field(default_factory=set)
-
-    def fail(self, run: Run, code: int, log: Path, message: str) -> None:
-        self.lost.add(run.run_dir)
-        self.result.failed.append((run.name, code, log))
-        self.progress.failed += 1
-        self.progress.message(message)
-
-    def exited(self, run: Run, code: int, log_path: Path) -> None:
-        """Record a fit (or a reference's test) that exited with `code`."""
-        self.progress.running -= 1
-        if code == 0 and rundirs.is_done(run):
-            self.result.finished.append(run.name)
-            self.progress.done += 1
-            self.progress.show()
-            return
-        if code == 0:  # exited cleanly but never wrote a finished metrics.json
-            code = -1
-        if read_status(run.run_dir) == "diverged":
-            reason = (read_metrics(run.run_dir) or {}).get("reason", "")
-            self.fail(run, code, log_path, f"[sweep] DIVERGED {run.name}: {reason}; log: {log_path}")
-            return
-        written = references.TEST_METRICS if run.reference else "finished metrics.json"
-        why = f"no {written}" if code == -1 else f"exit code {code}"
-        self.fail(run, code, log_path, f"[sweep] FAILED {run.name} ({why}); log: {log_path}")
 
 
 def _launch(
@@ -135,26 +83,38 @@ def run_sweep(
     stream: TextIO | None = None,
     test_prefix: Sequence[str] | None = None,
     devices: list[str] | None = None,
+    archive_to: Path | None = None,
 ) -> SweepResult:
     """Run the unfinished `runs` (fits and references), at most `jobs` at once; returns what was
     skipped, finished, failed. `test_prefix` starts a reference's `distill test` (default: derived
     from `fit_prefix`, see `rundirs.derive_test_prefix`). `devices` (`device_groups`, one per job):
-    each running fit holds one as its `CUDA_VISIBLE_DEVICES`."""
+    each running fit holds one as its `CUDA_VISIBLE_DEVICES`. `archive_to`: the `--archive`
+    directory (finished runs are copied there; runs finished there are skipped)."""
     stream = sys.stdout if stream is None else stream
     result = SweepResult()
     write_sweep_record(spec, runs)
     env = child_env(spec.out, jobs)
+    tally = Tally(result, Progress(len(runs), stream))
+    progress = tally.progress
+    served: set[Path] = set()
+    if archive_to is not None:
+        copy_records(spec.out, archive_to)
+        served = {run.run_dir for run in served_from_archive(runs, spec.out, archive_to)}
+        tally.keep = lambda run: keep_in_archive(spec, run, archive_to, progress)
     pending = []
     for run in runs:
         if rundirs.is_done(run):
             result.skipped.append(run.name)
+            if archive_to is not None and not rundirs.is_done(archived(run, spec.out, archive_to)):
+                tally.keep(run)
+        elif run.run_dir in served:
+            result.skipped.append(run.name)
         else:
             pending.append(run)
-    tally = _Tally(result, Progress(len(runs), stream))
-    progress = tally.progress
     progress.done = len(result.skipped)
     if result.skipped:
-        progress.message(f"[sweep] {len(result.skipped)} run(s) already finished, skipped")
+        where = f" ({len(served)} of them in {archive_to})" if served else ""
+        progress.message(f"[sweep] {len(result.skipped)} run(s) already finished{where}, skipped")
     free = list(devices or [])  # GPU groups no running fit holds
     active: dict[str, tuple[subprocess.Popen, Run, Path, str | None]] = {}
     try:
@@ -222,6 +182,13 @@ def _parser() -> argparse.ArgumentParser:
         "CUDA_VISIBLE_DEVICES (their number must be a multiple of --jobs)",
     )
     parser.add_argument("--out", type=Path, help="output directory (default: the spec's 'out')")
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DEST",
+        help="copy each finished run's committable files into DEST (as `distill report --archive`) "
+        "and skip the runs DEST holds finished: commit DEST, and the sweep resumes from a fresh checkout",
+    )
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this run (repeatable)")
     parser.add_argument(
         "--fit-prefix",
@@ -260,12 +227,14 @@ def _emit_slurm(args, spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix)
     return 0
 
 
-def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix) -> int:
-    """`--dry-run`: each run's state and command, then the counts."""
+def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix, archive_to=None) -> int:
+    """`--dry-run`: each run's state and command, then the counts ('done' counts the runs
+    finished in the `--archive` directory too)."""
     states = {kind: {"done": 0, "resume": 0, "todo": 0} for kind in ("runs", "references")}
+    served = {r.run_dir for r in served_from_archive(runs, spec.out, archive_to)} if archive_to else set()
     try:
         for run in runs:
-            state = rundirs.state_of(run)
+            state = "done" if run.run_dir in served else rundirs.state_of(run)
             states["references" if run.reference else "runs"][state] += 1
             cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
             print(f"{state:<6} {run.name}  {shlex.join(cmd)}")
@@ -286,7 +255,9 @@ def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix) -> int:
     return 0
 
 
-def _run(spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix, devices=None) -> int:
+def _run(
+    spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix, devices=None, archive_to=None
+) -> int:
     """Run the sweep under its output directory's lock, stopping the fits on SIGTERM; a summary."""
     try:  # one sweep per output directory at a time
         lock = RunLock(spec.out, what="sweep output directory").acquire()
@@ -296,7 +267,9 @@ def _run(spec: SweepSpec, runs: list[Run], jobs: int, fit_prefix, test_prefix, d
     # A scheduler's SIGTERM (e.g. a time limit) should stop our fits too, not orphan them.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        result = run_sweep(spec, runs, jobs, fit_prefix, test_prefix=test_prefix, devices=devices)
+        result = run_sweep(
+            spec, runs, jobs, fit_prefix, test_prefix=test_prefix, devices=devices, archive_to=archive_to
+        )
     except KeyboardInterrupt:
         print(
             "\n[sweep] interrupted; running fits stopped. Rerun the same command to resume.", file=sys.stderr
@@ -353,6 +326,12 @@ def main(
     if test_prefix is None and args.test_prefix:
         test_prefix = shlex.split(args.test_prefix)
     runs = refs + runs  # references first: the report can compare with them from the first run on
+    if args.archive is not None:  # before any compute, against every run of the spec
+        try:
+            check_destination(spec.out, args.archive, {run.run_dir.relative_to(spec.out) for run in runs})
+        except ArchiveError as err:
+            print(f"distill sweep: {err}", file=sys.stderr)
+            return 2
     if args.only:
         by_name = {run.name: run for run in runs}
         missing = [name for name in args.only if name not in by_name]
@@ -375,5 +354,5 @@ def main(
         tests = list(test_prefix) if custom_test and test_prefix is not None else None
         return _emit_slurm(args, spec, runs, prefix, tests)
     if args.dry_run:
-        return _dry_run(spec, runs, fit_prefix, test_prefix)
-    return _run(spec, runs, args.jobs, fit_prefix, test_prefix, devices)
+        return _dry_run(spec, runs, fit_prefix, test_prefix, args.archive)
+    return _run(spec, runs, args.jobs, fit_prefix, test_prefix, devices, args.archive)
