@@ -122,17 +122,21 @@ def _diverged() -> Diverged:
     )
 
 
-def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+def inverse_cdf(probs: Tensor, uniforms: Tensor, unhealthy: list[Tensor] | None = None) -> Tensor:
     """One token per row of `probs` [n, V]: the first index whose float64 cumulative probability
     exceeds `uniforms` [n] times the row's total.
 
     Ties in the cumulative sum (zero-probability tokens, e.g. removed by top-k/top-p) are never
     chosen: `searchsorted(right=True)` returns i with cdf[i-1] <= u·total < cdf[i], so p_i > 0.
-    Raises `Diverged` when a row's total is not finite (a nan/inf probability).
+    Raises `Diverged` when a row's total is not finite (a nan/inf probability); with `unhealthy`
+    given, appends that finding to it as a 0-d bool tensor instead (no device sync: the caller
+    checks it later, e.g. with its own once-per-step sync).
     """
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
-    if not math.isfinite(float(total.sum())):  # one reduction and one sync per step
+    if unhealthy is not None:
+        unhealthy.append(~torch.isfinite(total).all())
+    elif not math.isfinite(float(total.sum())):  # one reduction and one sync
         raise _diverged()
     chosen = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
     # u < 1, but u * total can round up to the total itself (an event of about 2**-53): the index
@@ -156,6 +160,8 @@ class RowStreams:
     The decode loop calls `at(position)` before each step; a rule then draws with `uniform` and
     `categorical`, each purpose at most once per step. Keyed uniforms are hashed for `BLOCK`
     positions at a time and kept, so a step costs one lookup, not a dozen small int64 kernels.
+    Streams made by `deferring()` record non-finite probabilities instead of checking them at once
+    (a device sync); `unhealthy()` collects the records as one tensor for the loop's own sync.
     """
 
     BLOCK = 32
@@ -166,6 +172,7 @@ class RowStreams:
         shared: torch.Generator | None = None,
         position: int = 0,
         tables: dict | None = None,
+        records: list[Tensor] | None = None,
     ):
         if (keys is None) == (shared is None):
             raise ValueError("RowStreams needs either per-row keys or one shared generator")
@@ -173,6 +180,7 @@ class RowStreams:
         self.shared = shared
         self.position = position
         self._tables = {} if tables is None else tables  # (purpose, block) -> [BLOCK, rows]
+        self._records = records  # deferred finiteness findings, shared by every `at()` copy
 
     @classmethod
     def per_row(cls, seeds: Sequence[int], device: torch.device) -> RowStreams:
@@ -184,7 +192,22 @@ class RowStreams:
 
     def at(self, position: int) -> RowStreams:
         """These streams at decode `position` (the shared generator just continues)."""
-        return RowStreams(self.keys, self.shared, position, self._tables)
+        return RowStreams(self.keys, self.shared, position, self._tables, self._records)
+
+    def deferring(self) -> RowStreams:
+        """These streams, recording non-finite probabilities for `unhealthy()` instead of raising
+        at once (keyed draws only; the shared path has no sync to save)."""
+        return RowStreams(self.keys, self.shared, self.position, self._tables, [])
+
+    def unhealthy(self, device: torch.device) -> Tensor:
+        """A 0-d bool tensor: whether any draw since the last call met non-finite probabilities
+        (always False unless `deferring()`); clears the records. No device sync."""
+        found = torch.zeros((), dtype=torch.bool, device=device)
+        for record in self._records or ():
+            found = found | record
+        if self._records:
+            self._records.clear()
+        return found
 
     def subset(self, rows: Sequence[int]) -> RowStreams:
         if self.keys is None:
@@ -209,7 +232,7 @@ class RowStreams:
         """One sample per row of `probs` [n, V]; `Diverged` if they are not finite (on the shared
         path checked only when sampling fails, so the common path costs no device sync)."""
         if self.keys is not None:
-            return inverse_cdf(probs, self.uniform(probs.shape[0], purpose))
+            return inverse_cdf(probs, self.uniform(probs.shape[0], purpose), self._records)
         try:
             return torch.multinomial(probs, 1, generator=self.shared).squeeze(-1)
         except RuntimeError:
@@ -324,6 +347,8 @@ def decode(
     calls = [_forward_kwargs(model) for model in models]
     forward_tokens = [int(m.sum()) for m in masks]
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    live = torch.zeros((), dtype=torch.long, device=device)  # tokens fed after the prompt, summed
+    streams = streams.deferring()  # one host sync per step: the stop check below
     tokens, teacher = [], []
     for _ in range(max_new_tokens):
         logits = []
@@ -345,10 +370,12 @@ def decode(
         tokens.append(next_ids)
         teacher.append(by_teacher & ~done)
         done = done | torch.isin(next_ids, eos)
-        if bool(done.all()) or len(tokens) == max_new_tokens:
+        stop, unhealthy = torch.stack([done.all(), streams.unhealthy(device)]).tolist()
+        if unhealthy:
+            raise _diverged()
+        if stop or len(tokens) == max_new_tokens:
             break
-        live = int((~done).sum())
-        forward_tokens = [n + live for n in forward_tokens]
+        live = live + (~done).sum()
         step_ids = [next_ids[:, None]] * len(models)
         step_positions = [p[:, -1:] + 1 for p in step_positions]
         masks = [torch.cat([m, m.new_ones(b, 1)], dim=-1) for m in masks]
@@ -358,4 +385,5 @@ def decode(
     hit = torch.isin(tokens_t, eos).long()
     after_eos = (hit.cumsum(dim=1) - hit) > 0
     written &= ~after_eos
+    forward_tokens = [n + int(live) for n in forward_tokens]
     return Decoded(tokens_t, torch.stack(teacher, dim=1) & written, written.sum(dim=1), forward_tokens)

@@ -1,14 +1,19 @@
-"""Decoding helpers: logit filtering against Hugging Face's warpers, the shared stream, mode handling."""
+"""Decoding helpers: logit filtering against Hugging Face's warpers, the shared stream, mode handling,
+and the decode loop's host reads."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from torch import nn
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from distill.errors import Diverged
 from distill.models.forward import eval_no_grad
 from distill.rollout import filter_logits
-from distill.rollout.decoding import RowStreams, logit_width
+from distill.rollout.decoding import RowStreams, choose_tokens, decode, logit_width
 from distill.seeds import derive_seed
 
 
@@ -78,3 +83,94 @@ def test_eval_no_grad_restores_each_submodule(tiny_student):
 
 def test_logit_width_counts_padded_rows(tiny_student, tiny_teacher):
     assert (logit_width(tiny_student), logit_width(tiny_teacher)) == (112, 128)
+
+
+class _NextToken(nn.Module):
+    """A stand-in LM without host reads of its own: its logits favour (last input token + 1) mod V,
+    and turn NaN from forward call `nan_from` on."""
+
+    def __init__(self, vocab: int = 7, nan_from: int | None = None):
+        super().__init__()
+        self.vocab, self.nan_from, self.calls = vocab, nan_from, 0
+
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, use_cache=True, past_key_values=None
+    ):
+        self.calls += 1
+        logits = 3.0 * nn.functional.one_hot((input_ids + 1) % self.vocab, self.vocab).float()
+        if self.nan_from is not None and self.calls >= self.nan_from:
+            logits = logits * float("nan")
+        return SimpleNamespace(logits=logits, past_key_values=None)
+
+
+def _decode_stub(model, max_new_tokens=6):
+    ids = torch.tensor([[0, 1, 2], [0, 3, 4]])
+    return decode(
+        [model],
+        ids,
+        torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        lambda logits, streams: (
+            choose_tokens(logits[0], streams, 1.0, None, None),
+            torch.zeros(2, dtype=torch.bool),
+        ),
+        RowStreams.per_row([5, 6], torch.device("cpu")),
+        vocab_size=7,
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=[99],
+        pad_token_id=0,
+    )
+
+
+def test_seeded_decode_reads_the_device_once_per_step(monkeypatch):
+    """Issue 17: the stop check and the finiteness check share one host read per decode step; the
+    forward-token counts are read once before and once after the loop."""
+    reads = {"tolist": 0, "scalar": 0}
+    real_tolist, real_bool, real_int, real_float, real_item = (
+        torch.Tensor.tolist,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.item,
+    )
+
+    def counted(kind, real):
+        def read(self, *args):
+            reads[kind] += 1
+            return real(self, *args)
+
+        return read
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted("tolist", real_tolist))
+    for name, real in (
+        ("__bool__", real_bool),
+        ("__int__", real_int),
+        ("__float__", real_float),
+        ("item", real_item),
+    ):
+        monkeypatch.setattr(torch.Tensor, name, counted("scalar", real))
+    out = _decode_stub(_NextToken(), max_new_tokens=6)
+    monkeypatch.undo()
+    assert out.tokens.shape == (2, 6)
+    # 6 steps, one read each; 2 reads outside the loop: the prompt tokens and the fed-back count.
+    assert reads == {"tolist": 6, "scalar": 2}
+    assert out.forward_tokens == [
+        5 + 2 * 5
+    ]  # the prompts, then both rows fed back after each step but the last
+
+
+def test_non_finite_logits_stop_a_seeded_decode_with_diverged():
+    model = _NextToken(nan_from=3)
+    with pytest.raises(Diverged, match="not finite"):
+        _decode_stub(model)
+    assert model.calls == 3  # raised at the step that met them, not at the end
+
+
+def test_deferred_streams_record_until_asked_then_clear():
+    streams = RowStreams.per_row([1, 2], torch.device("cpu")).deferring()
+    good, bad = torch.tensor([[0.5, 0.5], [0.2, 0.8]]), torch.tensor([[0.5, 0.5], [float("inf"), 0.5]])
+    streams.at(0).categorical(good)
+    assert not bool(streams.unhealthy(torch.device("cpu")))
+    streams.at(1).categorical(bad)  # no raise: recorded
+    streams.at(2).categorical(good)
+    assert bool(streams.unhealthy(torch.device("cpu")))
+    assert not bool(streams.unhealthy(torch.device("cpu")))  # the records were cleared
