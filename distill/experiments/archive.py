@@ -25,12 +25,13 @@ not in the sweep is refused, so two sweeps never mix in one report.
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from distill.experiments import rundirs
-from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves
+from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves, read_sweep_record
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import TEST_METRICS
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
@@ -38,6 +39,7 @@ from distill.experiments.spec import Run
 from distill.rundir import METRICS
 
 RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS, TEST_METRICS)
+STATUS_FILES = (METRICS, TEST_METRICS)  # what makes a run (or a reference) done: copied last
 SKIP_DIRS = {"checkpoints", "tensorboard", "student", "rollout_cache", "report"}
 
 
@@ -70,20 +72,38 @@ def write_curves(run_dir: Path, path: Path) -> None:
         writer.writerows((tag, step, repr(value)) for tag, step, value in rows)
 
 
-def check_destination(sweep_dir: Path, dest: Path, wanted: set[Path]) -> None:
-    """Refuse an archive `dest` inside `sweep_dir`, or one holding runs whose paths (relative to
-    the sweep directory) are not in `wanted`: two sweeps never mix in one archive."""
+def check_destination(sweep_dir: Path, dest: Path, wanted: set[Path], fingerprint: str | None) -> None:
+    """Refuse an archive `dest` that is a file, inside `sweep_dir` or holding it, or that holds
+    another sweep: a `sweep.json` whose fingerprint (`records.spec_fingerprint`) is not
+    `fingerprint`, or (without fingerprints to compare) runs whose paths relative to the sweep
+    directory are not in `wanted`. Two sweeps never mix in one archive; one with this sweep's
+    fingerprint may hold runs the sweep directory lacks (a sweep resumed on a fresh clone)."""
     sweep_dir, dest = Path(sweep_dir), Path(dest)
-    if dest.resolve() == sweep_dir.resolve() or sweep_dir.resolve() in dest.resolve().parents:
-        raise ArchiveError(f"--archive {str(dest)!r} must lie outside the sweep directory {str(sweep_dir)!r}")
-    if dest.is_dir():
-        foreign = [p.relative_to(dest) for p in _run_dirs(dest) if p.relative_to(dest) not in wanted]
-        if foreign:
-            names = ", ".join(str(p) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-            raise ArchiveError(
-                f"--archive {str(dest)!r} holds {len(foreign)} runs that are not in {str(sweep_dir)!r} "
-                f"({names}); archive into a new directory or remove them first"
-            )
+    if dest.exists() and not dest.is_dir():
+        raise ArchiveError(f"--archive {str(dest)!r} is a file, not a directory")
+    inside = dest.resolve() == sweep_dir.resolve() or sweep_dir.resolve() in dest.resolve().parents
+    if inside or dest.resolve() in sweep_dir.resolve().parents:
+        raise ArchiveError(
+            f"--archive {str(dest)!r} must lie outside the sweep directory {str(sweep_dir)!r} and not hold it"
+        )
+    if not dest.is_dir():
+        return
+    recorded = read_sweep_record(dest)
+    if fingerprint is not None and recorded:
+        if recorded.get("fingerprint") == fingerprint:
+            return
+        theirs = recorded.get("fingerprint") or "none: written before sweeps were fingerprinted"
+        raise ArchiveError(
+            f"--archive {str(dest)!r} holds sweep {recorded.get('name')!r} of another spec or other base "
+            f"configs (fingerprint {theirs}; this sweep's {fingerprint}); archive into a new directory"
+        )
+    foreign = [p.relative_to(dest) for p in _run_dirs(dest) if p.relative_to(dest) not in wanted]
+    if foreign:
+        names = ", ".join(str(p) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ArchiveError(
+            f"--archive {str(dest)!r} holds {len(foreign)} runs that are not in {str(sweep_dir)!r} "
+            f"({names}); archive into a new directory or remove them first"
+        )
 
 
 def copy_records(sweep_dir: Path, dest: Path) -> None:
@@ -95,23 +115,35 @@ def copy_records(sweep_dir: Path, dest: Path) -> None:
             shutil.copyfile(meta, target)
 
 
+def _replace(write, path: Path) -> None:
+    """`write(tmp)`, then move tmp onto `path`: a reader never sees a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
 def archive_run(sweep_dir: Path, run_dir: Path, dest: Path) -> Path:
     """Copy one run's committable files into `dest` (at its path relative to `sweep_dir`),
-    replacing an earlier copy's; returns the archived run directory."""
+    replacing an earlier copy's; returns the archived run directory. The files that mark a run
+    done (`metrics.json`, a reference's `test_metrics.json`) go last, each written whole, so an
+    archive cut short mid-copy never reads as done."""
     run_dir = Path(run_dir)
     target = Path(dest) / run_dir.relative_to(sweep_dir)
     target.mkdir(parents=True, exist_ok=True)
-    for name in (*RUN_FILES, CURVES):  # an earlier archive's copy must not outlive its source
+    for name in (*STATUS_FILES, *RUN_FILES, CURVES):  # an earlier copy must not outlive its source
         (target / name).unlink(missing_ok=True)
     for name in RUN_FILES:
-        if (run_dir / name).is_file():
+        if name not in STATUS_FILES and (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, target / name)
     if run_dir.parent.name == REFERENCES:  # evaluation only: no training curves
         pass
     elif (run_dir / "tensorboard").is_dir():
-        write_curves(run_dir, target / CURVES)
+        _replace(lambda tmp: write_curves(run_dir, tmp), target / CURVES)
     elif (run_dir / CURVES).is_file():  # archiving an archive
-        shutil.copyfile(run_dir / CURVES, target / CURVES)
+        _replace(lambda tmp: shutil.copyfile(run_dir / CURVES, tmp), target / CURVES)
+    for name in STATUS_FILES:
+        if (run_dir / name).is_file():
+            _replace(lambda tmp, name=name: shutil.copyfile(run_dir / name, tmp), target / name)
     return target
 
 
@@ -123,9 +155,16 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
     runs = _run_dirs(sweep_dir)
     if not runs:
         raise FileNotFoundError(f"no run directories in {str(sweep_dir)!r}")
-    check_destination(sweep_dir, dest, {run.relative_to(sweep_dir) for run in runs})
+    fingerprint = read_sweep_record(sweep_dir).get("fingerprint")
+    check_destination(sweep_dir, dest, {run.relative_to(sweep_dir) for run in runs}, fingerprint)
     copy_records(sweep_dir, dest)
-    return [archive_run(sweep_dir, run_dir, dest) for run_dir in runs]
+    archived_dirs = []
+    for run_dir in runs:
+        target = dest / run_dir.relative_to(sweep_dir)
+        if not rundirs.is_done_dir(run_dir) and rundirs.is_done_dir(target):
+            continue  # finished in the archive, unfinished here (e.g. a fresh clone's partial rerun)
+        archived_dirs.append(archive_run(sweep_dir, run_dir, dest))
+    return sorted({*archived_dirs, *(p for p in _run_dirs(dest))})
 
 
 def archived(run: Run, sweep_dir: Path, dest: Path) -> Run:
@@ -136,17 +175,21 @@ def archived(run: Run, sweep_dir: Path, dest: Path) -> Run:
 def served_from_archive(runs: list[Run], sweep_dir: Path, dest: Path) -> list[Run]:
     """The runs not done in `sweep_dir` whose copy in the archive `dest` is done (finished or
     diverged): a sweep archiving into `dest` skips them, so a fresh checkout of the archive
-    resumes the sweep. A parent that a chained run still to run needs is left out: its exported
-    student is not archived, so it runs again (seeded, to the same result)."""
+    resumes the sweep. A finished parent that a chained run still to run needs is left out: its
+    exported student is not archived, so it runs again (seeded; its archived record is kept)."""
     served = {
         run.run_dir
         for run in runs
         if not rundirs.is_done(run) and rundirs.is_done(archived(run, sweep_dir, dest))
     }
+
+    def rerun(parent: Path) -> bool:  # a diverged parent would only fail its chained run again
+        return rundirs.is_finished(Path(dest) / parent.relative_to(sweep_dir))
+
     while needed := {
         run.after
         for run in runs
-        if run.after in served and run.run_dir not in served and not rundirs.is_done(run)
+        if run.after in served and run.run_dir not in served and not rundirs.is_done(run) and rerun(run.after)
     }:
         served -= needed
     return [run for run in runs if run.run_dir in served]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import hashlib
 import json
 import math
 import re
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from distill.config_bases import expand_bases
 from distill.experiments.axes import DIVERGENCES, PATH_TO_SHORTHAND, canonical_axis, format_value
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
 from distill.experiments.schema import SpecError
@@ -163,11 +165,49 @@ def read_sweep_record(sweep_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _config_digests(paths: list[Path]) -> list[str]:
+    """Each config's sha256, with the files it includes (`base:`) in merge order."""
+    out = []
+    for path in paths:
+        for value in expand_bases(["--config", str(path)])[1::2]:  # files, or YAML left inline
+            try:
+                out.append(hashlib.sha256(Path(value).read_bytes()).hexdigest())
+            except OSError:
+                out.append(hashlib.sha256(value.encode()).hexdigest())
+    return out
+
+
+def spec_fingerprint(spec: SweepSpec) -> str:
+    """What decides a sweep's runs, hashed: its name, axes, fixed overrides and references, each
+    stage's, and the contents of every base config and the configs they include. Two sweeps with
+    the same run names but another base config (e.g. a longer run) differ here."""
+    data = {
+        "name": spec.name,
+        "axes": spec.axes,
+        "overrides": spec.overrides,
+        "base": _config_digests(spec.base),
+        "references": list(spec.references),
+        "stages": [
+            {
+                "name": stage.name,
+                "after": stage.after,
+                "axes": stage.axes,
+                "overrides": stage.overrides,
+                "base": _config_digests(stage.base),
+            }
+            for stage in spec.stages
+        ],
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
     """Write `sweep.json` (what `read_sweep_record` reads) at the top of the sweep and, with
-    stages, in each stage directory: name, spec, base configs, axes, overrides and run names."""
+    stages, in each stage directory: name, spec, base configs, axes, overrides and run names; the
+    top one also holds the spec's `fingerprint` (`spec_fingerprint`)."""
     record = {
         "name": spec.name,
+        "fingerprint": spec_fingerprint(spec),
         "spec": str(spec.path) if spec.path else None,
         "base": [str(p) for p in spec.base],
         "axes": spec.axes,

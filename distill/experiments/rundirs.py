@@ -74,6 +74,13 @@ def is_done(run: Run) -> bool:
     return references.is_done(run.run_dir) if run.reference else read_status(run.run_dir) in DONE
 
 
+def is_done_dir(run_dir: Path) -> bool:
+    """`is_done` by path alone: a directory under `references/` is a reference run."""
+    if Path(run_dir).parent.name == references.DIRNAME:
+        return references.is_done(run_dir)
+    return read_status(run_dir) in DONE
+
+
 def state_of(run: Run) -> str:
     """`run_state` of a fit; 'done' or 'todo' of a reference (evaluation only: nothing to resume)."""
     if run.reference:

@@ -46,7 +46,7 @@ from distill.experiments.archive import (
     served_from_archive,
 )
 from distill.experiments.fit_env import ROLLOUT_CACHE_ENV, child_env, device_groups  # noqa: F401 (re-exported)
-from distill.experiments.records import write_sweep_record
+from distill.experiments.records import spec_fingerprint, write_sweep_record
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
@@ -328,7 +328,8 @@ def main(
     runs = refs + runs  # references first: the report can compare with them from the first run on
     if args.archive is not None:  # before any compute, against every run of the spec
         try:
-            check_destination(spec.out, args.archive, {run.run_dir.relative_to(spec.out) for run in runs})
+            wanted = {run.run_dir.relative_to(spec.out) for run in runs}
+            check_destination(spec.out, args.archive, wanted, spec_fingerprint(spec))
         except ArchiveError as err:
             print(f"distill sweep: {err}", file=sys.stderr)
             return 2
@@ -350,6 +351,11 @@ def main(
         print(f"distill sweep: {err}", file=sys.stderr)
         return 2
     if args.emit_slurm:
+        if args.archive is not None:
+            print(
+                "distill sweep: --archive works with the sweep runner only, not --emit-slurm", file=sys.stderr
+            )
+            return 2
         prefix = list(fit_prefix) if custom_prefix else None
         tests = list(test_prefix) if custom_test and test_prefix is not None else None
         return _emit_slurm(args, spec, runs, prefix, tests)

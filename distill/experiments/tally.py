@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from distill.experiments import references, rundirs
-from distill.experiments.archive import archive_run
+from distill.experiments.archive import archive_run, archived
 from distill.experiments.spec import Run, SweepSpec
 from distill.rundir import read_metrics, read_status
 
@@ -52,7 +52,7 @@ class Tally:
     result: SweepResult
     progress: Progress
     lost: set[Path] = field(default_factory=set)
-    keep: Callable[[Run], None] | None = None  # archives a finished run (`--archive`)
+    keep: Callable[[Run], None] | None = None  # archives a done run (`--archive`)
 
     def fail(self, run: Run, code: int, log: Path, message: str) -> None:
         self.lost.add(run.run_dir)
@@ -72,7 +72,9 @@ class Tally:
             return
         if code == 0:  # exited cleanly but never wrote a finished metrics.json
             code = -1
-        if read_status(run.run_dir) == "diverged":
+        if read_status(run.run_dir) == "diverged":  # a result too: archived like a finished run
+            if self.keep is not None:
+                self.keep(run)
             reason = (read_metrics(run.run_dir) or {}).get("reason", "")
             self.fail(run, code, log_path, f"[sweep] DIVERGED {run.name}: {reason}; log: {log_path}")
             return
@@ -82,9 +84,13 @@ class Tally:
 
 
 def keep_in_archive(spec: SweepSpec, run: Run, dest: Path, progress: Progress) -> None:
-    """Archive a finished run into `dest`; a failure is reported and the sweep goes on (the run
-    stays finished in the sweep directory and is archived at the next start)."""
+    """Archive a done run into `dest`, unless its copy there is done already (a chained run's
+    parent run again: the committed record stays). A failure is reported and the sweep goes on:
+    the run stays done in the sweep directory, its archived copy not, so the next start archives
+    it (`archive_run` writes the files that mark it done last)."""
+    if rundirs.is_done(archived(run, spec.out, dest)):
+        return
     try:
         archive_run(spec.out, run.run_dir, dest)
-    except OSError as err:
+    except Exception as err:  # not only OSError: a fit still running must not be stopped for it
         progress.message(f"[sweep] could not archive {run.name} into {dest}: {err}")

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 # Behaves like a fit on the run-dir contract: reads the composed configs, logs its invocation,
-# crashes or sleeps on demand (env FAKE_FIT_CRASH = substring of the run name, FAKE_FIT_SLEEP =
-# seconds), then writes metrics.json last and atomically. Called with `test` instead of `fit` (a
+# crashes, sleeps or diverges on demand (env FAKE_FIT_CRASH / FAKE_FIT_DIVERGE = substring of the
+# run name, FAKE_FIT_SLEEP = seconds), then writes metrics.json last and atomically (a diverged
+# run's status "diverged", exit code 3). Called with `test` instead of `fit` (a
 # reference run), it writes test_metrics.json instead: accuracy 0.8 when the student is the
 # teacher, 0.05 otherwise.
 FAKE_FIT = textwrap.dedent(
@@ -62,9 +63,13 @@ FAKE_FIT = textwrap.dedent(
     metrics = {"test/countdown3/accuracy": float(config["data"]["mix"]) / 2 + 0.1,
                "train/steps": float(config["trainer"]["max_steps"])}
     out = {"status": "finished", "metrics": metrics, "settings": settings, "config": config}
+    diverge = os.environ.get("FAKE_FIT_DIVERGE")
+    if diverge and diverge in name:  # as `distill fit` when the non-finite guard stops it
+        out.update(status="diverged", reason="loss is nan at step 7")
     with open(os.path.join(run_dir, "metrics.json.tmp"), "w") as f:
         json.dump(out, f)
     os.replace(os.path.join(run_dir, "metrics.json.tmp"), os.path.join(run_dir, "metrics.json"))
+    sys.exit(3 if out["status"] == "diverged" else 0)
     """
 )
 

@@ -117,3 +117,122 @@ def test_a_chained_run_still_to_run_gets_its_archived_parent_run_again(tmp_path,
     assert _calls(out / "distill" / "mix=0.5") == 1 and _calls(out / "grpo" / "mix=0.5") == 1
     assert _calls(out / "distill" / "mix=0") == 0 and _calls(out / "grpo" / "mix=0") == 0
     assert rundirs.is_finished(dest / "grpo" / "mix=0.5")
+
+
+def test_an_archive_of_another_spec_or_base_config_is_refused(grid_spec, fake_fit, tmp_path, capsys):
+    dest = tmp_path / "archive"
+    assert main([str(grid_spec), "--only", NAMES[0], "--archive", str(dest)], fit_prefix=fake_fit) == 0
+    base = tmp_path / "base.yaml"
+    base.write_text(base.read_text().replace("task: countdown3", "task: countdown4"))  # same run names
+    capsys.readouterr()
+    assert (
+        main([str(grid_spec), "--out", str(tmp_path / "other"), "--archive", str(dest)], fit_prefix=fake_fit)
+        == 2
+    )
+    assert "holds sweep 'grid' of another spec or other base configs" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+    record = json.loads((dest / "sweep.json").read_text())
+    del record["fingerprint"]  # an archive written before sweeps were fingerprinted
+    (dest / "sweep.json").write_text(json.dumps(record))
+    base.write_text(base.read_text().replace("task: countdown4", "task: countdown3"))
+    assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 2
+    assert "written before sweeps were fingerprinted" in capsys.readouterr().err
+
+
+def test_bad_destinations_and_emit_slurm_are_refused(grid_spec, fake_fit, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert main([str(grid_spec), "--archive", str(tmp_path / "a_file")], fit_prefix=fake_fit) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert main([str(grid_spec), "--archive", str(tmp_path)], fit_prefix=fake_fit) == 2  # holds the sweep
+    assert "must lie outside the sweep directory" in capsys.readouterr().err
+    args = [
+        str(grid_spec),
+        "--archive",
+        str(tmp_path / "archive"),
+        "--emit-slurm",
+        str(tmp_path / "a.sbatch"),
+    ]
+    assert main(args, fit_prefix=fake_fit) == 2
+    assert "not --emit-slurm" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "a.sbatch").exists()
+
+
+def test_a_diverged_run_is_archived_when_it_stops(grid_spec, fake_fit, tmp_path, monkeypatch, capsys):
+    dest = tmp_path / "archive"
+    monkeypatch.setenv("FAKE_FIT_DIVERGE", NAMES[2])
+    assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 1
+    assert "DIVERGED" in capsys.readouterr().out
+    assert json.loads((dest / NAMES[2] / "metrics.json").read_text())["status"] == "diverged"
+    assert all(rundirs.is_finished(dest / name) for name in NAMES if name != NAMES[2])
+
+
+def test_a_copy_cut_short_never_reads_as_done_and_the_next_start_completes_it(
+    grid_spec, fake_fit, tmp_path, monkeypatch, capsys
+):
+    from distill.experiments import archive as archive_module
+
+    dest = tmp_path / "archive"
+    real = archive_module.shutil.copyfile
+
+    def fail_on_metrics(src, dst):
+        if Path(src).name == "metrics.json":
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(archive_module.shutil, "copyfile", fail_on_metrics)
+    assert main([str(grid_spec), "--only", NAMES[0], "--archive", str(dest)], fit_prefix=fake_fit) == 0
+    assert "could not archive mix=0,seed=0" in capsys.readouterr().out
+    assert (dest / NAMES[0] / "settings.json").is_file() and not rundirs.is_done_dir(dest / NAMES[0])
+    monkeypatch.undo()
+    assert main([str(grid_spec), "--only", NAMES[0], "--archive", str(dest)], fit_prefix=fake_fit) == 0
+    assert _calls(tmp_path / "runs" / NAMES[0]) == 1 and rundirs.is_finished(dest / NAMES[0])
+
+
+def test_report_archive_after_a_fresh_clone_keeps_what_the_archive_holds(
+    grid_spec, fake_fit, tmp_path, capsys
+):
+    from distill.experiments.report import main as report
+
+    dest = tmp_path / "archive"
+    assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 0
+    shutil.rmtree(tmp_path / "runs")  # a fresh clone, where one run was then started again and cut short
+    partial = tmp_path / "runs" / NAMES[1]
+    partial.mkdir(parents=True)
+    (partial / "settings.json").write_text((dest / NAMES[1] / "settings.json").read_text())
+    shutil.copyfile(dest / "sweep.json", tmp_path / "runs" / "sweep.json")
+    assert report([str(tmp_path / "runs"), "--archive", str(dest), "--no-plots", "--n-boot", "10"]) == 0
+    assert all(rundirs.is_finished(dest / name) for name in NAMES)  # nothing replaced by the partial run
+    from_sweep = (dest / "report" / "report.md").read_text().splitlines()
+    # the same report as one from an archive written in one go by `distill report SWEEP --archive`
+    assert main([str(grid_spec), "--out", str(tmp_path / "again")], fit_prefix=fake_fit) == 0
+    assert (
+        report([str(tmp_path / "again"), "--archive", str(tmp_path / "a2"), "--no-plots", "--n-boot", "10"])
+        == 0
+    )
+    in_one_go = (tmp_path / "a2" / "report" / "report.md").read_text().splitlines()
+    assert from_sweep[:2] + from_sweep[3:] == in_one_go[:2] + in_one_go[3:]
+
+
+def test_archive_run_writes_the_done_marker_last(tmp_path, monkeypatch):
+    from distill.experiments import archive as archive_module
+
+    run = tmp_path / "sweep" / "lr=1e-3"
+    (run / "tensorboard").mkdir(parents=True)
+    (run / "settings.json").write_text('{"settings": {"lr": 0.001}}')
+    (run / "metrics.json").write_text('{"status": "finished", "metrics": {}}')
+
+    def cut(run_dir, path):
+        Path(path).write_text("tag,step,value\n")  # half written, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(archive_module, "write_curves", cut)
+    try:
+        archive_module.archive_run(tmp_path / "sweep", run, tmp_path / "dest")
+    except KeyboardInterrupt:
+        pass
+    target = tmp_path / "dest" / "lr=1e-3"
+    assert (target / "settings.json").is_file()
+    assert not rundirs.is_done_dir(target) and not (target / "curves.csv").exists()
+    monkeypatch.undo()
+    archive_module.archive_run(tmp_path / "sweep", run, tmp_path / "dest")
+    assert rundirs.is_finished(target) and (target / "curves.csv").read_text().startswith("tag,step,value")
