@@ -131,7 +131,7 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
         "Share of each outcome's variance across runs explained by each knob's main effect "
         "(eta² = SS_between / SS_total), by interactions of knobs (the remainder), and by seeds "
         "(within-cell variance: runs that share every knob value). Brackets: 95 % percentile "
-        f"bootstrap intervals ({results[0].resampling if results else 'seeds within cells'} resampled). "
+        f"bootstrap intervals ({results[0].resampling if results else 'within-cell residuals'} resampled). "
         "**Bold**: the largest main effect.",
         "",
     ]
@@ -142,11 +142,6 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
         lines.append(
             f"- {imp.outcome}: largest main effect **{imp.largest()}** ({top.estimate:.0%} of the variance); "
             f"seeds {imp.residual.estimate:.0%}, interactions {imp.interactions.estimate:.0%}."
-        )
-    if any(imp.resampling != "runs" and imp.residual.high < imp.residual.estimate for imp in results):
-        lines.append(
-            "- Some seed shares lie above their intervals: with few seeds per cell, a resample often "
-            "repeats one seed and so shrinks the within-cell spread. Read the seeds column as a rough size."
         )
     if any(imp.resampling == "runs" for imp in results):
         lines.append(

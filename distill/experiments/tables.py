@@ -135,7 +135,13 @@ def pivot(
         [LABELS[kind], *(fixed(value, metric, places) for _ in col_values)] for kind, value in refs.items()
     ]
     lines = table(header, rows)
-    if refs and means:
+    if refs.keys() >= {"start", "teacher"} and means and refs["teacher"] <= refs["start"]:
+        lines += [
+            f"The teacher ({fixed(refs['teacher'], metric, places)}) is not above the start "
+            f"({fixed(refs['start'], metric, places)}): nothing to distil on this metric.",
+            "",
+        ]
+    elif refs and means:
         counts = []
         if "start" in refs:
             above = sum(m > refs["start"] for m in means)

@@ -46,7 +46,7 @@ def test_balanced_grid_shares_add_to_one_and_name_the_planted_knob():
     assert sum(p.estimate for p in parts) == pytest.approx(1.0)
     assert imp.factors["divergence"].estimate == pytest.approx(eta_squared(y, div))
     assert imp.largest() == "divergence" and imp.factors["divergence"].estimate > 0.8
-    assert imp.resampling == "seeds within cells" and imp.n_runs == 18
+    assert imp.resampling == "within-cell residuals" and imp.n_runs == 18
     for p in parts:
         assert p.low <= p.estimate + 1e-9 and p.estimate - 1e-9 <= p.high
     # residual = within-cell (seed) sum of squares over the total, computed directly
@@ -73,6 +73,31 @@ def test_interval_narrows_with_less_noise_and_is_reproducible():
     y, div, lr = _grid(effect_div=1.0, effect_lr=0.0, noise=0.01)
     narrow = factor_importance(y, {"divergence": div, "lr": lr}, n_boot=400, seed=1).factors["divergence"]
     assert narrow.high - narrow.low < wide.high - wide.low
+
+
+@pytest.mark.parametrize("rng_seed", [0, 1, 2])
+def test_two_seeds_a_cell_intervals_hold_their_estimates(rng_seed):
+    # With two seeds a cell, resampling runs within their cells repeats one seed in half the
+    # cells of every resample, and the seed share's interval fell below its own estimate.
+    y, div, lr = _grid(effect_div=0.5, effect_lr=0.3, noise=0.3, seeds=2, rng_seed=rng_seed)
+    imp = factor_importance(y, {"divergence": div, "lr": lr}, n_boot=2000, seed=rng_seed)
+    for part in [*imp.factors.values(), imp.interactions, imp.residual]:
+        assert part.low <= part.estimate <= part.high
+
+
+def test_residual_draws_have_the_seed_variance():
+    # Pure noise of known variance, two runs a cell: the variance-corrected residual pool gives
+    # resamples whose within-cell variance matches the data's on average (uncorrected, it is half).
+    from distill.experiments.analysis import _residual_resamples
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=400)
+    members = [np.array([2 * i, 2 * i + 1]) for i in range(200)]
+    boot = _residual_resamples(y, members, 500, np.random.default_rng(1))
+    def within(v):
+        return ((v[..., 0::2] - v[..., 1::2]) ** 2 / 2).mean(axis=-1)
+    assert np.mean(within(boot)) == pytest.approx(float(within(y)), rel=0.05)
+    assert np.allclose(boot.reshape(500, 200, 2).mean(axis=(0, 2)), y.reshape(200, 2).mean(axis=1), atol=0.15)
 
 
 def test_without_replicates_runs_are_resampled_and_residual_is_zero():

@@ -1,6 +1,7 @@
 """Committed sweep archives regenerate with `distill report`: the tiny-world v1 study
-(`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`) and the v2
-run-length sizing (`experiments/results/v2_sizing`)."""
+(`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`), the v2
+run-length sizing (`experiments/results/v2_sizing`) and the v2 study's main grid
+(`experiments/results/tiny_grid`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
 @pytest.mark.parametrize(
     ("name", "n_runs", "references"),
-    [("tiny_grid_v1", 60, False), ("demo_v2", 4, True), ("v2_sizing", 2, True)],
+    [("tiny_grid_v1", 60, False), ("demo_v2", 4, True), ("v2_sizing", 2, True), ("tiny_grid", 60, True)],
 )
 def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_runs, references):
     results = ROOT / name

@@ -340,3 +340,19 @@ def test_real_references_with_distill_test_on_the_quick_tiny_world(tiny_world_ca
     teacher = yaml.safe_load((tmp_path / "runs" / "references" / "teacher" / "config.yaml").read_text())
     assert teacher["model"]["init_args"]["student"] == teacher["model"]["init_args"]["teacher"]
     assert teacher["seed_everything"] == 0 and teacher["data"]["test_size"] == 4
+
+
+def test_a_metric_the_teacher_does_not_beat_the_start_on_says_so_instead_of_counting():
+    from distill.experiments.records import RunRecord
+    from distill.experiments.tables import pivot
+
+    metric = "test/countdown5/accuracy"
+    records = [RunRecord(f"r{m}", Path("."), True, {"mix": m}, {metric: 0.0}) for m in (0, 1)]
+    refs = {"start": {metric: 0.0}, "teacher": {metric: 0.0}}
+    text = "\n".join(pivot(records, metric, None, ("mix", [0, 1]), references=refs))
+    assert "The teacher (0.0) is not above the start (0.0): nothing to distil on this metric." in text
+    assert "reach the teacher" not in text
+    refs["teacher"][metric] = 0.25
+    assert "0 of 2 cells end above the start (0.0); 0 of 2 reach the teacher (25.0)." in "\n".join(
+        pivot(records, metric, None, ("mix", [0, 1]), references=refs)
+    )

@@ -305,15 +305,15 @@ def test_within_divergence_importance_names_the_planted_knob(sweep, tmp_path):
     assert all(int(r[2]) in (17, 18) for r in rows.values())  # 18 runs per divergence, one unfinished
 
 
-def test_importance_notes_seed_shares_above_their_interval():
+def test_importance_section_names_its_resampling():
     from distill.experiments.analysis import Importance, Share
     from distill.experiments.report import _importance_section
 
-    def imp(residual):
-        return Importance(
-            "acc", 8, {"lr": Share(0.5, 0.4, 0.6)}, Share(0.1, 0.0, 0.2), residual, "seeds within cells"
-        )
+    def imp(resampling):
+        share = Share(0.04, 0.01, 0.06)
+        return Importance("acc", 8, {"lr": Share(0.5, 0.4, 0.6)}, Share(0.1, 0.0, 0.2), share, resampling)
 
-    note = "Some seed shares lie above their intervals"
-    assert note not in "\n".join(_importance_section([imp(Share(0.04, 0.01, 0.06))], ["lr"]))
-    assert note in "\n".join(_importance_section([imp(Share(0.04, 0.004, 0.037))], ["lr"]))
+    text = "\n".join(_importance_section([imp("within-cell residuals")], ["lr"]))
+    assert "within-cell residuals resampled" in text and "seed noise cannot be told apart" not in text
+    assert "seed noise cannot be told apart" in "\n".join(_importance_section([imp("runs")], ["lr"]))
+
