@@ -94,8 +94,10 @@ def test_residual_draws_have_the_seed_variance():
     y = rng.normal(size=400)
     members = [np.array([2 * i, 2 * i + 1]) for i in range(200)]
     boot = _residual_resamples(y, members, 500, np.random.default_rng(1))
+
     def within(v):
         return ((v[..., 0::2] - v[..., 1::2]) ** 2 / 2).mean(axis=-1)
+
     assert np.mean(within(boot)) == pytest.approx(float(within(y)), rel=0.05)
     assert np.allclose(boot.reshape(500, 200, 2).mean(axis=(0, 2)), y.reshape(200, 2).mean(axis=1), atol=0.15)
 

@@ -316,4 +316,3 @@ def test_importance_section_names_its_resampling():
     text = "\n".join(_importance_section([imp("within-cell residuals")], ["lr"]))
     assert "within-cell residuals resampled" in text and "seed noise cannot be told apart" not in text
     assert "seed noise cannot be told apart" in "\n".join(_importance_section([imp("runs")], ["lr"]))
-
