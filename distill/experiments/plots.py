@@ -116,25 +116,33 @@ def against_knob(
     name: str,
     log_x: bool = False,
     references: References | None = None,
+    panels: tuple[str, list] | None = None,
 ) -> Path | None:
-    """One panel per metric: mean ± std against a numeric knob, one line per value of another,
-    and the references' lines."""
+    """One row of panels per metric: mean ± std against a numeric knob, one line per value of
+    another, and the references' lines; with `panels`, one column per value of that knob (so the
+    bars are seed spread only, not that knob's effect)."""
     x_knob, x_values = x
     line_knob, line_values = lines if lines else (None, [])
+    panel_knob, panel_values = panels if panels else (None, [None])
     metrics = [m for m in metrics if any(m in r.metrics for r in records)]
     if not metrics or not all(isinstance(v, (int, float)) for v in x_values):
         return None
-    fig = Figure(figsize=(4.2 * len(metrics), 3.4))
-    axes = np.atleast_1d(fig.subplots(1, len(metrics)))
-    for ax, metric in zip(axes, metrics):
-        _lines(ax, records, metric, x_knob, x_values, line_knob, line_values)
-        drawn = reference_lines(ax, references, metric)
-        if log_x:
-            ax.set_xscale("log")
-        ax.set_xlabel(x_knob)
-        ax.set_title(metric, fontsize=9)
-        if line_knob or drawn:
-            ax.legend(fontsize=7)
+    rows, cols = (len(metrics), len(panel_values)) if panel_knob else (1, len(metrics))
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows))
+    axes = np.atleast_2d(fig.subplots(rows, cols, squeeze=False))
+    for i, metric in enumerate(metrics):
+        for j, pv in enumerate(panel_values):
+            ax = axes[i, j] if panel_knob else axes[0, i]
+            where = {panel_knob: pv} if panel_knob else None
+            _lines(ax, records, metric, x_knob, x_values, line_knob, line_values, where)
+            drawn = reference_lines(ax, references, metric)
+            if log_x:
+                ax.set_xscale("log")
+            ax.set_xlabel(x_knob)
+            title = f"{metric}, {panel_knob}={format_value(pv)}" if panel_knob else metric
+            ax.set_title(title, fontsize=9)
+            if line_knob or drawn:
+                ax.legend(fontsize=7)
     return _save(fig, out / f"{name}.png")
 
 

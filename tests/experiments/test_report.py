@@ -316,3 +316,37 @@ def test_importance_section_names_its_resampling():
     text = "\n".join(_importance_section([imp("within-cell residuals")], ["lr"]))
     assert "within-cell residuals resampled" in text and "seed noise cannot be told apart" not in text
     assert "seed noise cannot be told apart" in "\n".join(_importance_section([imp("runs")], ["lr"]))
+
+
+def test_gradient_plot_has_a_column_per_learning_rate_so_bars_are_seed_spread(tmp_path, monkeypatch):
+    from distill.experiments import plots
+    from distill.experiments.records import RunRecord
+
+    metric = "grad/logit_sq_norm"
+    records = [
+        RunRecord(
+            f"r{i}", tmp_path, True, {"mix": m, "divergence": d, "lr": lr, "seed": s}, {metric: lr * (1 + m)}
+        )
+        for i, (m, d, lr, s) in enumerate(
+            (m, d, lr, s)
+            for m in (0, 1)
+            for d in ("forward_kl", "reverse_kl")
+            for lr in (1e-4, 1e-3)
+            for s in (0, 1)
+        )
+    ]
+    drawn = {}
+
+    def keep(fig, path):
+        drawn[path.name] = [
+            (ax.get_title(), [tuple(line.get_ydata()) for line in ax.get_lines()]) for ax in fig.axes
+        ]
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    lines = ("divergence", ["forward_kl", "reverse_kl"])
+    plots.against_knob(records, [metric], ("mix", [0, 1]), lines, tmp_path, "g", panels=("lr", [1e-4, 1e-3]))
+    (title_a, lines_a), (title_b, lines_b) = drawn["g.png"]
+    assert title_a == f"{metric}, lr=1e-4" and title_b == f"{metric}, lr=1e-3"
+    # each panel holds its own lr's runs only: the seeds agree, so the means are exact
+    assert lines_a[0] == pytest.approx((1e-4, 2e-4)) and lines_b[0] == pytest.approx((1e-3, 2e-3))
