@@ -8,7 +8,7 @@ rollout caches. The archive keeps what the report needs and what documents each 
 - per run directory (any directory holding `settings.json`, `metrics.json` or `overrides.yaml`):
   `settings.json`, `overrides.yaml`, `config.yaml` (the resolved config), `env.json` (package
   versions, git revision) and `metrics.json`, copied as they are, plus `curves.csv`: the
-  TensorBoard scalars `records.CURVE_TAGS` as `tag,step,value` rows, which `records.read_curves`
+  TensorBoard scalars `records.ARCHIVED_TAGS` as `tag,step,value` rows, which `records.read_curves`
   reads when no event files are present;
 - per reference run (`references/<kind>`, `distill.experiments.references`): the same files and its
   `test_metrics.json`, no curves (it does not train).
@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from distill.experiments import rundirs
-from distill.experiments.records import CURVES, SWEEP_RECORD, read_curves, read_sweep_record
+from distill.experiments.records import ARCHIVED_TAGS, CURVES, SWEEP_RECORD, read_curves, read_sweep_record
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import TEST_METRICS
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
@@ -63,7 +63,7 @@ def write_curves(run_dir: Path, path: Path) -> None:
     """Write the run's TensorBoard curves to `path` as CSV (`tag,step,value` rows)."""
     rows = [
         (tag, step, value)
-        for tag, (steps, values) in sorted(read_curves(run_dir).items())
+        for tag, (steps, values) in sorted(read_curves(run_dir, ARCHIVED_TAGS).items())
         for step, value in zip(steps, values)
     ]
     with path.open("w", newline="") as f:

@@ -120,6 +120,13 @@ def study_contrasts(factors: dict[str, list]) -> list[tuple[str, Any, Any, tuple
     return out
 
 
+def _policy_note(knob: str, a: Any, b: Any) -> str:
+    """Which side of a mix contrast is on-policy (mix is the teacher's share of the rollouts)."""
+    if knob != "mix":
+        return ""
+    return " (on − off-policy)" if (a, b) == (0, 1) else " (more − less on-policy)"
+
+
 def _points(x: float) -> str:
     """Percentage points: one decimal, or two significant digits below 0.1 pp."""
     return f"{x:+.1f}" if abs(x) >= 0.1 or x == 0 else f"{x:+.2g}"
@@ -159,7 +166,7 @@ def effects_section(
             rows.append(
                 [
                     metric,
-                    f"{knob}={format_value(a)} − {knob}={format_value(b)}",
+                    f"{knob}={format_value(a)} − {knob}={format_value(b)}" + _policy_note(knob, a, b),
                     where,
                     *_effect_cells(effect, metric),
                     pairs + (" ✱" if effect.clear else ""),

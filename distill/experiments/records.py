@@ -51,6 +51,13 @@ HEADLINE = (
 )
 # Curve tags; `*` matches any task (validation accuracy, logged at every validation of a fit).
 CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss", "val/*/accuracy")
+# What an archive keeps besides the plotted curves: the style share's and forgetting's course
+# (StyleProbe and Forgetting log every `every_n_steps`), from which `STYLE_ADOPTION` is derived.
+ARCHIVED_TAGS = (*CURVE_TAGS, "style/teacher_style_share", "forgetting/mean_delta")
+# Derived per run: the first logged step at which the student's outputs are mostly (>= half) in
+# the teacher's style; only for runs that end there (the style share saturates at 1 in the tiny
+# style study, so the final share cannot tell runs apart but the step it is reached at can).
+STYLE_ADOPTION = "style/adoption_step"
 CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.archive), without event files
 SWEEP_RECORD = "sweep.json"  # written by the sweep runner at the top of a sweep and in each stage
 _CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
@@ -130,6 +137,14 @@ def _numbers(metrics: Any) -> dict[str, float]:
     }
 
 
+def adoption_step(run_dir: Path) -> int | None:
+    """The first logged step whose `style/teacher_style_share` is >= 0.5 (None without a curve)."""
+    steps, values = read_curves(run_dir, ("style/teacher_style_share",)).get(
+        "style/teacher_style_share", ([], [])
+    )
+    return next((step for step, value in zip(steps, values) if value >= 0.5), None)
+
+
 def load_records(sweep_dir: Path) -> list[RunRecord]:
     """All runs of a sweep directory, sorted by name; runs left out (unfinished, diverged, with
     malformed or non-finite metrics: `problem`) have no metrics."""
@@ -144,6 +159,10 @@ def load_records(sweep_dir: Path) -> list[RunRecord]:
         problem = run_problem(run_dir, data)
         finished = problem is None
         metrics = _numbers(data.get("metrics")) if finished else {}
+        if metrics.get("style/teacher_style_share", 0.0) >= 0.5:
+            step = adoption_step(run_dir)
+            if step is not None:
+                metrics[STYLE_ADOPTION] = float(step)
         records.append(RunRecord(run_dir.name, run_dir, finished, _settings(run_dir, data), metrics, problem))
     return records
 

@@ -175,7 +175,13 @@ def _plots(records, factors, metrics, accuracy_metrics, out: Path, references=No
         ]
         paths.append(
             plots.against_knob(
-                records, [m for m in GRADIENT if m in metrics], mix, lines, out, "gradient_vs_mix", panels=panels
+                records,
+                [m for m in GRADIENT if m in metrics],
+                mix,
+                lines,
+                out,
+                "gradient_vs_mix",
+                panels=panels,
             )
         )
     group = [axis[0] for axis in (row, col) if axis]

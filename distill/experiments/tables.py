@@ -24,6 +24,7 @@ SIDE_EFFECTS = (
     "sparsity/bf16_unchanged",
     "sparsity/relative_update_norm",
     "style/teacher_style_share",
+    "style/adoption_step",
 )
 # GradientStats: mean squared norm of the loss gradient w.r.t. one token's logits, over all
 # completion tokens and by who wrote the token (the paper's Theorem C.1 bounds the forward-KL one

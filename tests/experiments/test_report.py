@@ -137,7 +137,7 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
         assert heading in text
     effects = {
         div: re.search(
-            rf"\| grad/logit_sq_norm \| mix=0 − mix=1 \| divergence={div} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
+            rf"\| grad/logit_sq_norm \| mix=0 − mix=1 \(on − off-policy\) \| divergence={div} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
             text,
         )
         for div in ("forward_kl", "reverse_kl")
@@ -147,7 +147,8 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
     ].group(3)
     assert abs(float(effects["forward_kl"].group(1))) < 0.05
     assert re.search(
-        r"\| test/countdown3/accuracy \| mix=0 − mix=1 \| divergence=forward_kl \| [+-]\d+\.\d pp \|", text
+        r"\| test/countdown3/accuracy \| mix=0 − mix=1 \(on − off-policy\) \| divergence=forward_kl \| [+-]\d+\.\d pp \|",
+        text,
     )
     assert "pooled over lr" in text and "| lr=1e-4 |" in text
     assert "- test/countdown3/accuracy: largest main effect **divergence** (99% of" in text
@@ -350,3 +351,28 @@ def test_gradient_plot_has_a_column_per_learning_rate_so_bars_are_seed_spread(tm
     assert title_a == f"{metric}, lr=1e-4" and title_b == f"{metric}, lr=1e-3"
     # each panel holds its own lr's runs only: the seeds agree, so the means are exact
     assert lines_a[0] == pytest.approx((1e-4, 2e-4)) and lines_b[0] == pytest.approx((1e-3, 2e-3))
+
+
+def test_the_archive_keeps_the_style_course_and_the_report_derives_the_adoption_step(sweep, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from distill.experiments.records import STYLE_ADOPTION, load_records
+
+    adopted, never = sorted(p for p in sweep.iterdir() if p.name.startswith("divergence="))[:2]
+    for run_dir, shares in ((adopted, (0.0, 0.2, 0.6, 1.0)), (never, (0.0, 0.1, 0.2, 0.3))):
+        writer = SummaryWriter(str(run_dir / "tensorboard" / "version_0"))
+        for step, share in zip(range(0, 40, 10), shares):
+            writer.add_scalar("style/teacher_style_share", share, step)
+        writer.close()
+        data = json.loads((run_dir / "metrics.json").read_text())
+        data["metrics"]["style/teacher_style_share"] = shares[-1]
+        (run_dir / "metrics.json").write_text(json.dumps(data))
+    dest = tmp_path / "archive"
+    assert main([str(sweep), "--archive", str(dest), "--no-plots"]) == 0
+    rows = (dest / adopted.name / "curves.csv").read_text().splitlines()
+    assert "style/teacher_style_share,20,0.6" in [r[: len("style/teacher_style_share,20,0.6")] for r in rows]
+    records = {r.name: r for r in load_records(dest)}
+    assert records[adopted.name].metrics[STYLE_ADOPTION] == 20.0  # the first step at >= half
+    assert STYLE_ADOPTION not in records[never.name].metrics  # never adopted: no step, not a 0
+    text = (dest / "report" / "report.md").read_text()
+    assert STYLE_ADOPTION in text
