@@ -190,6 +190,18 @@ def by_knob(records: list[RunRecord], metrics: list[str], factors: dict[str, lis
     return table(["setting", *(f"{m} (%)" if is_share(m) else m for m in metrics)], rows)
 
 
+def _cost(metric: str, value: float) -> str:
+    """One format per cost column, so a column reads down: FLOPs in 3 significant digits with an
+    exponent, seconds with one decimal, token counts whole with thousands separators."""
+    if not math.isfinite(value):
+        return "—"
+    if metric == "cost/flops":
+        return f"{value:.2e}"
+    if metric == "cost/wall_s":
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
 def cost_section(
     records: list[RunRecord], accuracy: str | None, row: Axis | None, col: Axis | None
 ) -> list[str]:
@@ -210,7 +222,9 @@ def cost_section(
         for rv in (row[1] if row else [None])
         for cv in (col[1] if col else [None])
     ]
-    header = ["cell", "runs", *costs] + ([accuracy, "FLOPs / point", "wall s / point"] if accuracy else [])
+    header = ["cell", "runs", *costs] + (
+        [f"{accuracy} (%)", "FLOPs / point", "wall s / point"] if accuracy else []
+    )
     rows = []
     for where in cells:
         name = ", ".join(f"{k}={format_value(v)}" for k, v in where.items()) or "all runs"
@@ -222,20 +236,24 @@ def cost_section(
                 if all(format_value(r.settings.get(k)) == format_value(v) for k, v in where.items())
             ]
         )
-        row_cells = [name, str(n), *(num(means[m]) for m in costs)]
+        row_cells = [name, str(n), *(_cost(m, means[m]) for m in costs)]
         if accuracy:
             points = means[accuracy] / point if math.isfinite(means[accuracy]) else math.nan
             per = {
                 m: means.get(m, math.nan) / points if points > 0 else math.inf
                 for m in ("cost/flops", "cost/wall_s")
             }
-            row_cells += [num(means[accuracy]), num(per["cost/flops"]), num(per["cost/wall_s"])]
+            row_cells += [
+                f"{points:.1f}" if math.isfinite(points) else "—",
+                _cost("cost/flops", per["cost/flops"]),
+                _cost("cost/wall_s", per["cost/wall_s"]),
+            ]
         rows.append(row_cells)
     lines += table(header, rows)
     totals = {
         m: sum(r.metrics.get(m, 0.0) for r in records) for m in ("cost/flops", "cost/wall_s") if m in costs
     }
-    lines += [f"Sweep total {m}: {num(v)}" for m, v in totals.items()]
+    lines += [f"Sweep total {m}: {_cost(m, v)}" for m, v in totals.items()]
     return lines + [""]
 
 

@@ -174,7 +174,11 @@ def test_report_writes_csv_markdown_and_plots(sweep, capsys):
     per_point = np.mean([m["cost/flops"] for m in cell]) / (
         100 * np.mean([m["test/countdown3/accuracy"] for m in cell])
     )
-    assert f"{per_point:.4g}" in text
+    acc = 100 * np.mean([m["test/countdown3/accuracy"] for m in cell])
+    row = re.search(r"\| divergence=forward_kl, mix=0 \|[^\n]*", text.split("## Cost", 1)[1]).group(0)
+    assert row.endswith(
+        f"| {acc:.1f} | {per_point:.2e} | {np.mean([m['cost/wall_s'] for m in cell]) / acc:.1f} |"
+    )
 
     plots = sorted(p.name for p in (out / "plots").iterdir())
     assert "heatmap_test_countdown3_accuracy.png" in plots and "vs_lr.png" in plots
