@@ -6,6 +6,11 @@ within one value of another knob (e.g. within forward KL), pooled over everythin
 is then the mean of the paired differences, and its percentile bootstrap interval resamples the
 pairs. Runs without a partner are left out; with no pairs at all (an unbalanced sweep) the effect
 is the difference of the two means and each side is resampled on its own.
+
+Below `MIN_BOOTSTRAP_PAIRS` pairs the interval is Student's t on the paired differences instead:
+a bootstrap over two pairs can only return their range (two equal differences give a zero-width
+interval that "excludes 0"), far narrower than the uncertainty of a mean of two. One pair has no
+interval.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ class Effect:
         """Whether the interval excludes 0."""
         return self.low > 0 or self.high < 0
 
+    @property
+    def method(self) -> str:
+        """How the interval was made: "bootstrap", or "t" for a paired contrast of few pairs."""
+        return "t" if self.paired and self.n < MIN_BOOTSTRAP_PAIRS else "bootstrap"
+
 
 def _key(record: RunRecord, skip: set[str]) -> tuple:
     return tuple(sorted((k, format_value(v)) for k, v in record.settings.items() if k not in skip))
@@ -50,12 +60,46 @@ def _matches(record: RunRecord, knob: str, value: Any) -> bool:
     return knob in record.settings and format_value(record.settings[knob]) == format_value(value)
 
 
+MIN_BOOTSTRAP_PAIRS = 5
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (p in (0.5, 1)): bisection on its
+    CDF, integrated from the density by Simpson's rule (no scipy here)."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile: p must be in (0.5, 1) and df >= 1, got p={p}, df={df}")
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t: float) -> float:  # t >= 0; substitute x = tan(u) so the heavy tail is on a finite range
+        u = np.linspace(0.0, math.atan(t), 4001)
+        x = np.tan(u)
+        f = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df)) * (1 + x * x)
+        h = u[1] - u[0]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
 def difference_interval(
     a: np.ndarray, b: np.ndarray, paired: bool, n_boot: int, level: float, seed: int
 ) -> tuple[float, float, float]:
-    """(mean(a - b) or mean(a) - mean(b), low, high): the percentile bootstrap interval."""
+    """(mean(a - b) or mean(a) - mean(b), low, high): the percentile bootstrap interval, or
+    Student's t for fewer than `MIN_BOOTSTRAP_PAIRS` pairs (nan bounds for one pair)."""
     rng = np.random.default_rng(seed)
     tail = (1 - level) / 2 * 100
+    if paired and a.size < MIN_BOOTSTRAP_PAIRS:
+        d = a - b
+        point = float(d.mean())
+        if d.size < 2:
+            return point, math.nan, math.nan
+        half = t_quantile(1 - (1 - level) / 2, d.size - 1) * float(d.std(ddof=1)) / math.sqrt(d.size)
+        return point, point - half, point + half
     if paired:
         d = a - b
         boot = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
@@ -101,19 +145,23 @@ def contrast(
 
 def study_contrasts(factors: dict[str, list]) -> list[tuple[str, Any, Any, tuple[str, Any] | None]]:
     """The contrasts of the paper's claims that a sweep's knobs allow, as (knob, a, b, within):
-    on- against off-policy (the lowest mix against the highest) within each divergence; forward
-    against reverse KL within the lowest and the highest mix; the highest learning rate against the
-    lowest, pooled."""
+    on- against off-policy (the lowest mix against the highest) within each divergence and pooled
+    over them; forward against reverse KL within the lowest and the highest mix and pooled over
+    every mix; the highest learning rate against the lowest, pooled."""
     out: list[tuple[str, Any, Any, tuple[str, Any] | None]] = []
     mixes = sorted(factors.get("mix", []))
     divergences = list(factors.get("divergence", []))
     if len(mixes) > 1:
         for div in divergences or [None]:
             out.append(("mix", mixes[0], mixes[-1], None if div is None else ("divergence", div)))
+        if len(divergences) > 1:  # pooled over the directions: twice the pairs
+            out.append(("mix", mixes[0], mixes[-1], None))
     if {"forward_kl", "reverse_kl"} <= set(divergences):
         ends = [mixes[0], mixes[-1]] if len(mixes) > 1 else [None]
         for mix in ends:
             out.append(("divergence", "forward_kl", "reverse_kl", None if mix is None else ("mix", mix)))
+        if len(mixes) > 1:  # pooled over every mix: the direction's main effect
+            out.append(("divergence", "forward_kl", "reverse_kl", None))
     lrs = sorted(factors.get("lr", []))
     if len(lrs) > 1:
         out.append(("lr", lrs[-1], lrs[0], None))
@@ -133,6 +181,9 @@ def _points(x: float) -> str:
 
 
 def _effect_cells(effect: Effect, metric: str) -> tuple[str, str]:
+    if not (math.isfinite(effect.low) and math.isfinite(effect.high)):  # one pair: no interval
+        d = 100 * effect.difference if is_share(metric) else effect.difference
+        return (f"{_points(d)} pp" if is_share(metric) else f"{d:+.3g}"), "—"
     if is_share(metric):
         d, lo, hi = (100 * v for v in (effect.difference, effect.low, effect.high))
         return f"{_points(d)} pp", f"[{_points(lo)}, {_points(hi)}]"
@@ -163,6 +214,7 @@ def effects_section(
                 continue
             where = "all runs" if within is None else f"{within[0]}={format_value(within[1])}"
             pairs = f"{effect.n} pairs" if effect.paired else f"{effect.n} runs (unpaired)"
+            pairs += ", t" if effect.method == "t" else ""
             rows.append(
                 [
                     metric,
@@ -178,7 +230,9 @@ def effects_section(
         "Difference of means for the contrasts the study's claims are about, run for run: runs of the "
         "two sides that share every other setting (learning rate, seed, ...) are paired, and the interval "
         "is a percentile bootstrap 95 % interval over the pairs (pp: percentage points). ✱: the interval "
-        "excludes 0. Contrasts whose two sides are equal in every pair (e.g. 0 % everywhere) are left out."
+        f"excludes 0. With fewer than {MIN_BOOTSTRAP_PAIRS} pairs (marked t) the interval is Student's t on "
+        "the paired differences: a bootstrap over two pairs would only span their range. Contrasts whose "
+        "two sides are equal in every pair (e.g. 0 % everywhere) are left out."
     )
     header = ["outcome", "contrast", "within", "effect", "95 % interval", "n"]
     return ["## Effects", "", intro, "", *table(header, rows)]

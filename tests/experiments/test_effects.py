@@ -3,10 +3,12 @@ bootstrap intervals, the unpaired fallback, and the contrasts chosen from a swee
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from distill.experiments.effects import contrast, difference_interval, study_contrasts
 from distill.experiments.records import RunRecord
@@ -45,11 +47,11 @@ def test_paired_effect_is_the_mean_paired_difference_with_a_tight_interval():
 
 
 def test_bootstrap_interval_against_a_direct_resampling():
-    a, b = np.array([1.0, 2.0, 4.0, 7.0]), np.array([0.5, 1.0, 1.0, 2.0])
+    a, b = np.array([1.0, 2.0, 4.0, 7.0, 3.0]), np.array([0.5, 1.0, 1.0, 2.0, 2.5])
     point, low, high = difference_interval(a, b, paired=True, n_boot=4000, level=0.9, seed=3)
     rng = np.random.default_rng(3)
     d = a - b
-    boot = d[rng.integers(0, 4, size=(4000, 4))].mean(axis=1)
+    boot = d[rng.integers(0, 5, size=(4000, 5))].mean(axis=1)
     assert point == pytest.approx(d.mean())
     assert (low, high) == pytest.approx(tuple(np.percentile(boot, [5, 95])))
     assert low < point < high
@@ -75,9 +77,46 @@ def test_study_contrasts_follow_the_knobs_present():
     assert study_contrasts(factors) == [
         ("mix", 0, 1, ("divergence", "forward_kl")),
         ("mix", 0, 1, ("divergence", "reverse_kl")),
+        ("mix", 0, 1, None),
         ("divergence", "forward_kl", "reverse_kl", ("mix", 0)),
         ("divergence", "forward_kl", "reverse_kl", ("mix", 1)),
+        ("divergence", "forward_kl", "reverse_kl", None),
         ("lr", 1e-3, 1e-4, None),
     ]
     assert study_contrasts({"mix": [0, 1]}) == [("mix", 0, 1, None)]
+    assert study_contrasts({"divergence": ["forward_kl", "reverse_kl"]}) == [
+        ("divergence", "forward_kl", "reverse_kl", None)
+    ]
     assert study_contrasts({"seed": [0, 1]}) == []
+
+
+def test_t_quantile_matches_closed_forms_and_a_large_sample():
+    from distill.experiments.effects import t_quantile
+
+    # df 1 is the Cauchy distribution; df 2 has F^-1(p) = (2p - 1) / sqrt(2 p (1 - p))
+    for p in (0.8, 0.975, 0.995):
+        assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-6)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-6)
+    draws = torch.distributions.StudentT(torch.tensor(4.0, dtype=torch.float64)).sample((400_000,))
+    assert float((draws < t_quantile(0.975, 4)).double().mean()) == pytest.approx(0.975, abs=1e-3)
+    with pytest.raises(ValueError, match="p must be in"):
+        t_quantile(0.3, 2)
+
+
+def test_few_pairs_get_a_t_interval_not_their_range():
+    from distill.experiments.effects import MIN_BOOTSTRAP_PAIRS, t_quantile
+
+    a, b = np.array([3.0, 5.0]), np.array([1.0, 2.0])  # differences 2 and 3
+    point, low, high = difference_interval(a, b, True, 2000, 0.95, 0)
+    half = t_quantile(0.975, 1) * np.std([2.0, 3.0], ddof=1) / math.sqrt(2)
+    assert (point, low, high) == pytest.approx((2.5, 2.5 - half, 2.5 + half))
+    assert low < 0 < high  # the bootstrap's [2, 3] would have "excluded 0"
+    same = difference_interval(np.array([1.0, 1.0]), np.array([0.0, 0.0]), True, 2000, 0.95, 0)
+    assert same == (1.0, 1.0, 1.0)  # no spread: a zero-width interval, but from t, not resampling
+    one = difference_interval(np.array([1.0]), np.array([0.0]), True, 2000, 0.95, 0)
+    assert one[0] == 1.0 and math.isnan(one[1]) and math.isnan(one[2])
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=MIN_BOOTSTRAP_PAIRS), rng.normal(size=MIN_BOOTSTRAP_PAIRS)
+    boot = difference_interval(x, y, True, 4000, 0.95, 0)
+    d = x - y
+    assert min(d) <= boot[1] < boot[2] <= max(d)  # from the bootstrap from 5 pairs on
