@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from distill.experiments.analysis import summarize
 from distill.experiments.axes import format_value
 from distill.experiments.records import REPLICATE, RunRecord, knob_values, load_records, read_sweep_record
@@ -44,17 +46,19 @@ def _spread(std: float) -> float:
 
 
 def _cell(values: list[float]) -> str:
+    """Accuracies (fractions) as percentages with one decimal: mean ± std (n)."""
     mean, std, n = summarize(values)
     if n == 0:
         return "—"
-    return f"{mean:.3g} ({n})" if n == 1 else f"{mean:.3g} ± {_spread(std):.2g} ({n})"
+    return f"{100 * mean:.1f} ({n})" if n == 1 else f"{100 * mean:.1f} ± {100 * _spread(std):.1f} ({n})"
 
 
 def _signed(values: list[float]) -> str:
+    """Changes in percentage points with one decimal: mean ± std (n)."""
     mean, std, n = summarize(values)
     if n == 0:
         return "—"
-    return f"{mean:+.3g} ({n})" if n == 1 else f"{mean:+.3g} ± {_spread(std):.2g} ({n})"
+    return f"{100 * mean:+.1f} ({n})" if n == 1 else f"{100 * mean:+.1f} ± {100 * _spread(std):.1f} ({n})"
 
 
 def pairs(parents: list[RunRecord], children: list[RunRecord]) -> list[tuple[RunRecord, RunRecord]]:
@@ -116,7 +120,69 @@ def before_after(
         rows.append(row)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines + [""]
+    return lines + [""] + _persistence(matched, knobs, sets, before, after)
+
+
+def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, after: str) -> list[str]:
+    """On- minus off-policy (lowest mix − highest) within each divergence, before and after: does
+    the rollout policy's advantage (or deficit) persist through the chained stage?"""
+    from distill.experiments.effects import difference_interval
+
+    mixes = sorted(knobs.get("mix", []))
+    if len(mixes) < 2:
+        return []
+    rows = []
+    for div in knobs.get("divergence", [None]):
+        mine = [
+            (p, c)
+            for p, c in matched
+            if div is None or format_value(p.settings.get("divergence")) == format_value(div)
+        ]
+        side = {
+            m: {
+                _pair_key(p): (p, c)
+                for p, c in mine
+                if format_value(p.settings.get("mix")) == format_value(m)
+            }
+            for m in mixes[:: len(mixes) - 1]
+        }
+        keys = sorted(set(side[mixes[0]]) & set(side[mixes[-1]]))
+        if not keys:
+            continue
+        row = [f"divergence={div}" if div is not None else "all runs"]
+        for s in sets:
+            metric = f"test/{s}/accuracy"
+            for stage in (0, 1):
+                on = [side[mixes[0]][k][stage].metrics.get(metric) for k in keys]
+                off = [side[mixes[-1]][k][stage].metrics.get(metric) for k in keys]
+                if None in on or None in off:
+                    row.append("—")
+                    continue
+                d, low, high = difference_interval(np.array(on), np.array(off), True, 2000, 0.95, 0)
+                bounds = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if np.isfinite(low) else ""
+                row.append(f"{100 * d:+.1f}{bounds}")
+        rows.append(row)
+    if not rows:
+        return []
+    header = ["within"] + [f"{s} {when}" for s in sets for when in (before, after)]
+    return [
+        f"### On − off-policy (mix={format_value(mixes[0])} − mix={format_value(mixes[-1])}) before and after",
+        "",
+        f"Paired by seed, in percentage points, with 95 % intervals (Student's t below 5 pairs, else a "
+        f"bootstrap; `distill.experiments.effects`): does the rollout policy's effect survive `{after}`?",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+def _pair_key(record: RunRecord) -> tuple:
+    """A parent run's settings other than mix and divergence (the seed, ...): what pairs on with off."""
+    return tuple(
+        sorted((k, format_value(v)) for k, v in record.settings.items() if k not in ("mix", "divergence"))
+    )
 
 
 def build_staged_report(

@@ -1,7 +1,7 @@
 """Committed sweep archives regenerate with `distill report`: the tiny-world v1 study
 (`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`), the v2
-run-length sizing (`experiments/results/v2_sizing`) and the v2 study's main grid
-(`experiments/results/tiny_grid`)."""
+run-length sizing (`experiments/results/v2_sizing`) and the v2 study's main grid and style sweep
+(`experiments/results/tiny_grid`, `tiny_style`); the staged RLVR archive below."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
 @pytest.mark.parametrize(
     ("name", "n_runs", "references"),
-    [("tiny_grid_v1", 60, False), ("demo_v2", 4, True), ("v2_sizing", 2, True), ("tiny_grid", 60, True)],
+    [
+        ("tiny_grid_v1", 60, False),
+        ("demo_v2", 4, True),
+        ("v2_sizing", 2, True),
+        ("tiny_grid", 60, True),
+        ("tiny_style", 12, True),
+    ],
 )
 def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_runs, references):
     results = ROOT / name
@@ -41,3 +47,19 @@ def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_run
     assert sorted(p.name for p in (out / "plots").iterdir()) == sorted(
         p.name for p in (committed / "plots").iterdir()
     )
+
+
+def test_committed_staged_rlvr_report_regenerates(tmp_path):
+    results = ROOT / "tiny_rlvr"
+    for stage, n_runs in (("distill", 8), ("grpo", 8)):
+        assert len([p for p in (results / stage).iterdir() if (p / "metrics.json").is_file()]) == n_runs
+    out = tmp_path / "report"
+    assert main([str(results), "--out", str(out)]) == 0
+    committed = results / "report"
+    assert (out / "report.md").read_text() == (committed / "report.md").read_text()
+    for stage in ("distill", "grpo"):
+        assert (out / stage / "runs.csv").read_text() == (committed / stage / "runs.csv").read_text()
+        regenerated = (out / stage / "report.md").read_text().splitlines()
+        expected = (committed / stage / "report.md").read_text().splitlines()
+        assert regenerated[:2] + regenerated[3:] == expected[:2] + expected[3:]  # line 3: the directory read
+    assert "### On − off-policy (mix=0 − mix=1) before and after" in (committed / "report.md").read_text()

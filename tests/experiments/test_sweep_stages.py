@@ -197,10 +197,17 @@ def test_report_shows_accuracy_before_and_after_by_divergence_and_mix(tmp_path):
     assert set(rows) == {"mix=0", "mix=1"}
     cells = [c.strip() for c in rows["mix=0"].strip("|").split("|")]
     # countdown3 before, after, delta; then countdown4 likewise.
-    assert cells[1].startswith("0.25 ± 0.071 (2)") and cells[2].startswith("0.5 ± 0.071 (2)")
-    assert cells[3] == "+0.25 ± 0 (2)"
-    assert cells[4].startswith("0.125") and cells[6] == "+0.25 ± 0 (2)"
-    assert [c.strip() for c in rows["mix=1"].strip("|").split("|")][3] == "+0.05 ± 0 (2)"
+    # accuracies in percent with one decimal
+    assert cells[1] == "25.0 ± 7.1 (2)" and cells[2] == "50.0 ± 7.1 (2)"
+    assert cells[3] == "+25.0 ± 0.0 (2)"
+    assert cells[4] == "12.5 ± 3.5 (2)" and cells[6] == "+25.0 ± 0.0 (2)"
+    assert [c.strip() for c in rows["mix=1"].strip("|").split("|")][3] == "+5.0 ± 0.0 (2)"
+    # on − off-policy before (0.2/0.3 against 0.5/0.6: −30 in both pairs) and after (−10: mix 0
+    # gained 25 points, mix 1 only 5); no spread, so the t interval has no width
+    (row,) = [line for line in text.splitlines() if line.startswith("| divergence=forward_kl |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["-30.0 [-30.0, -30.0]", "-10.0 [-10.0, -10.0]"]
+    assert cells[3:5] == ["-15.0 [-15.0, -15.0]", "+5.0 [+5.0, +5.0]"]
 
 
 @pytest.mark.slow
