@@ -43,23 +43,23 @@ demo: ## tiny world (if needed) + a 4-run grid (and the start and teacher refere
 	$(BIN)/distill report experiments/runs/demo
 	@echo "report: experiments/runs/demo/report/report.md"
 
-sweep-tiny: ## the study's main grid on tiny world v2 (60 runs + references; about 4 h on 2 cores, resumable), archived in experiments/results/tiny_grid
+sweep-tiny: ## the study's main grid on tiny world v2 (60 runs + references; measured 1 h 45 min of runs with 2 jobs on 2 idle cores, resumable), archived in experiments/results/tiny_grid
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2 --archive experiments/results/tiny_grid
 	$(BIN)/distill report experiments/results/tiny_grid
 	@echo "report: experiments/results/tiny_grid/report/report.md"
 
-sweep-robustness: ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; about 2.5 h on 2 cores, resumable)
+sweep-robustness: ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; about 2.5-3 h on 2 cores by the runs so far, resumable)
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_robustness.yaml --jobs 2 --archive experiments/results/tiny_robustness
 	$(BIN)/distill report experiments/results/tiny_robustness
 
-sweep-style: ## style transfer from teacher-es: {forward, reverse} x mix {0, 0.5, 1} x 2 seeds (12 runs; about 50 min on 2 cores)
+sweep-style: ## style transfer from teacher-es: {forward, reverse} x mix {0, 0.5, 1} x 2 seeds (12 runs; measured 72 min on 2 cores)
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_style.yaml --jobs 2 --archive experiments/results/tiny_style
 	$(BIN)/distill report experiments/results/tiny_style
 
-sweep-rlvr: ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, before/after on the harder variants (16 runs; about 1 h on 2 cores)
+sweep-rlvr: ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, before/after on the harder variants (16 runs; measured 50 min on 2 cores)
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2 --archive experiments/results/tiny_rlvr
 	$(BIN)/distill report experiments/results/tiny_rlvr
