@@ -43,7 +43,7 @@ class Effect:
 
     @property
     def clear(self) -> bool:
-        """Whether the interval excludes 0."""
+        """Whether the interval excludes 0 (never without an interval: NaN bounds)."""
         return self.low > 0 or self.high < 0
 
     @property
@@ -96,7 +96,8 @@ def difference_interval(
     if paired and a.size < MIN_BOOTSTRAP_PAIRS:
         d = a - b
         point = float(d.mean())
-        if d.size < 2:
+        # no spread to scale (up to float rounding): no interval, not a zero-width one
+        if d.size < 2 or float(np.ptp(d)) <= 1e-12 * max(1.0, float(np.abs(d).max())):
             return point, math.nan, math.nan
         half = t_quantile(1 - (1 - level) / 2, d.size - 1) * float(d.std(ddof=1)) / math.sqrt(d.size)
         return point, point - half, point + half
@@ -168,7 +169,7 @@ def study_contrasts(factors: dict[str, list]) -> list[tuple[str, Any, Any, tuple
     return out
 
 
-def _policy_note(knob: str, a: Any, b: Any) -> str:
+def policy_note(knob: str, a: Any, b: Any) -> str:
     """Which side of a mix contrast is on-policy (mix is the teacher's share of the rollouts)."""
     if knob != "mix":
         return ""
@@ -210,15 +211,15 @@ def effects_section(
     for knob, a, b, within in study_contrasts(factors):
         for metric in metrics:
             effect = contrast(records, metric, knob, a, b, within, n_boot=n_boot)
-            if effect is None or effect.low == effect.high == 0:  # e.g. 0 in every run: nothing to say
-                continue
+            if effect is None or (effect.difference == 0 and not effect.high > effect.low):
+                continue  # e.g. 0 in every run: nothing to say
             where = "all runs" if within is None else f"{within[0]}={format_value(within[1])}"
             pairs = f"{effect.n} pairs" if effect.paired else f"{effect.n} runs (unpaired)"
-            pairs += ", t" if effect.method == "t" else ""
+            pairs += ", t" if effect.method == "t" and math.isfinite(effect.low) else ""
             rows.append(
                 [
                     metric,
-                    f"{knob}={format_value(a)} − {knob}={format_value(b)}" + _policy_note(knob, a, b),
+                    f"{knob}={format_value(a)} − {knob}={format_value(b)}" + policy_note(knob, a, b),
                     where,
                     *_effect_cells(effect, metric),
                     pairs + (" ✱" if effect.clear else ""),
@@ -231,7 +232,7 @@ def effects_section(
         "two sides that share every other setting (learning rate, seed, ...) are paired, and the interval "
         "is a percentile bootstrap 95 % interval over the pairs (pp: percentage points). ✱: the interval "
         f"excludes 0. With fewer than {MIN_BOOTSTRAP_PAIRS} pairs (marked t) the interval is Student's t on "
-        "the paired differences: a bootstrap over two pairs would only span their range. Contrasts whose "
+        "the paired differences (none, —, for one pair or pairs without spread): a bootstrap over two pairs would only span their range. Contrasts whose "
         "two sides are equal in every pair (e.g. 0 % everywhere) are left out."
     )
     header = ["outcome", "contrast", "within", "effect", "95 % interval", "n"]

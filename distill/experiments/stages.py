@@ -12,12 +12,11 @@ stage's reference runs (the start and the teacher) are the references of every s
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from distill.experiments.analysis import summarize
 from distill.experiments.axes import format_value
@@ -125,64 +124,47 @@ def before_after(
 
 def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, after: str) -> list[str]:
     """On- minus off-policy (lowest mix − highest) within each divergence, before and after: does
-    the rollout policy's advantage (or deficit) persist through the chained stage?"""
-    from distill.experiments.effects import difference_interval
+    the rollout policy's advantage (or deficit) persist through the chained stage? Each side is an
+    `effects.contrast` (paired by every other setting; a chained run inherits its parent's
+    settings, so a stage with its own axes pairs per value of them)."""
+    from distill.experiments.effects import MIN_BOOTSTRAP_PAIRS, contrast, policy_note
 
     mixes = sorted(knobs.get("mix", []))
     if len(mixes) < 2:
         return []
+    parents = list({p.name: p for p, _ in matched}.values())
+    children = [c for _, c in matched]
     rows = []
     for div in knobs.get("divergence", [None]):
-        mine = [
-            (p, c)
-            for p, c in matched
-            if div is None or format_value(p.settings.get("divergence")) == format_value(div)
-        ]
-        side = {
-            m: {
-                _pair_key(p): (p, c)
-                for p, c in mine
-                if format_value(p.settings.get("mix")) == format_value(m)
-            }
-            for m in mixes[:: len(mixes) - 1]
-        }
-        keys = sorted(set(side[mixes[0]]) & set(side[mixes[-1]]))
-        if not keys:
-            continue
-        row = [f"divergence={div}" if div is not None else "all runs"]
+        within = None if div is None else ("divergence", div)
+        row, said = [f"divergence={format_value(div)}" if div is not None else "all runs"], False
         for s in sets:
-            metric = f"test/{s}/accuracy"
-            for stage in (0, 1):
-                on = [side[mixes[0]][k][stage].metrics.get(metric) for k in keys]
-                off = [side[mixes[-1]][k][stage].metrics.get(metric) for k in keys]
-                if None in on or None in off:
+            for records in (parents, children):
+                e = contrast(records, f"test/{s}/accuracy", "mix", mixes[0], mixes[-1], within)
+                if e is None:
                     row.append("—")
                     continue
-                d, low, high = difference_interval(np.array(on), np.array(off), True, 2000, 0.95, 0)
-                bounds = f" [{100 * low:+.1f}, {100 * high:+.1f}]" if np.isfinite(low) else ""
-                row.append(f"{100 * d:+.1f}{bounds}")
-        rows.append(row)
+                said = said or e.difference != 0 or e.high > e.low
+                bounds = f" [{100 * e.low:+.1f}, {100 * e.high:+.1f}]" if math.isfinite(e.low) else ""
+                row.append(f"{100 * e.difference:+.1f}{bounds} ({e.n})")
+        if said:
+            rows.append(row)
     if not rows:
         return []
     header = ["within"] + [f"{s} {when}" for s in sets for when in (before, after)]
+    note = policy_note("mix", mixes[0], mixes[-1]).strip(" ()")
     return [
-        f"### On − off-policy (mix={format_value(mixes[0])} − mix={format_value(mixes[-1])}) before and after",
+        f"### mix={format_value(mixes[0])} − mix={format_value(mixes[-1])} ({note}) before and after",
         "",
-        f"Paired by seed, in percentage points, with 95 % intervals (Student's t below 5 pairs, else a "
-        f"bootstrap; `distill.experiments.effects`): does the rollout policy's effect survive `{after}`?",
+        "In percentage points (n pairs), paired by every other setting, with 95 % intervals (Student's t "
+        f"below {MIN_BOOTSTRAP_PAIRS} pairs, else a bootstrap; none without spread; `distill.experiments.effects`): "
+        f"does the rollout policy's effect survive `{after}`?",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
     ]
-
-
-def _pair_key(record: RunRecord) -> tuple:
-    """A parent run's settings other than mix and divergence (the seed, ...): what pairs on with off."""
-    return tuple(
-        sorted((k, format_value(v)) for k, v in record.settings.items() if k not in ("mix", "divergence"))
-    )
 
 
 def build_staged_report(

@@ -62,4 +62,4 @@ def test_committed_staged_rlvr_report_regenerates(tmp_path):
         regenerated = (out / stage / "report.md").read_text().splitlines()
         expected = (committed / stage / "report.md").read_text().splitlines()
         assert regenerated[:2] + regenerated[3:] == expected[:2] + expected[3:]  # line 3: the directory read
-    assert "### On − off-policy (mix=0 − mix=1) before and after" in (committed / "report.md").read_text()
+    assert "### mix=0 − mix=1 (on − off-policy) before and after" in (committed / "report.md").read_text()

@@ -203,11 +203,12 @@ def test_report_shows_accuracy_before_and_after_by_divergence_and_mix(tmp_path):
     assert cells[4] == "12.5 ± 3.5 (2)" and cells[6] == "+25.0 ± 0.0 (2)"
     assert [c.strip() for c in rows["mix=1"].strip("|").split("|")][3] == "+5.0 ± 0.0 (2)"
     # on − off-policy before (0.2/0.3 against 0.5/0.6: −30 in both pairs) and after (−10: mix 0
-    # gained 25 points, mix 1 only 5); no spread, so the t interval has no width
+    # gained 25 points, mix 1 only 5); no spread between the pairs, so no interval (not [−30, −30])
+    assert "### mix=0 − mix=1 (on − off-policy) before and after" in text
     (row,) = [line for line in text.splitlines() if line.startswith("| divergence=forward_kl |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:3] == ["-30.0 [-30.0, -30.0]", "-10.0 [-10.0, -10.0]"]
-    assert cells[3:5] == ["-15.0 [-15.0, -15.0]", "+5.0 [+5.0, +5.0]"]
+    assert cells[1:3] == ["-30.0 (2)", "-10.0 (2)"]
+    assert cells[3:5] == ["-15.0 (2)", "+5.0 (2)"]
 
 
 @pytest.mark.slow
