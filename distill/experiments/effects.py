@@ -15,6 +15,7 @@ interval.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,11 @@ class Effect:
         return self.low > 0 or self.high < 0
 
     @property
+    def says_something(self) -> bool:
+        """False for a contrast whose sides are equal in every pair (e.g. 0 % everywhere)."""
+        return self.difference != 0 or self.high > self.low
+
+    @property
     def method(self) -> str:
         """How the interval was made: "bootstrap", or "t" for a paired contrast of few pairs."""
         return "t" if self.paired and self.n < MIN_BOOTSTRAP_PAIRS else "bootstrap"
@@ -63,6 +69,7 @@ def _matches(record: RunRecord, knob: str, value: Any) -> bool:
 MIN_BOOTSTRAP_PAIRS = 5
 
 
+@functools.lru_cache(maxsize=64)  # a report asks for the same (p, df) once per contrast
 def t_quantile(p: float, df: int) -> float:
     """The p-quantile of Student's t with `df` degrees of freedom (p in (0.5, 1)): bisection on its
     CDF, integrated from the density by Simpson's rule (no scipy here)."""
@@ -169,11 +176,9 @@ def study_contrasts(factors: dict[str, list]) -> list[tuple[str, Any, Any, tuple
     return out
 
 
-def policy_note(knob: str, a: Any, b: Any) -> str:
-    """Which side of a mix contrast is on-policy (mix is the teacher's share of the rollouts)."""
-    if knob != "mix":
-        return ""
-    return " (on − off-policy)" if (a, b) == (0, 1) else " (more − less on-policy)"
+def policy_side(a: Any, b: Any) -> str:
+    """Which side of a mix contrast a − b is on-policy (mix is the teacher's share of the rollouts)."""
+    return "on − off-policy" if (a, b) == (0, 1) else "more − less on-policy"
 
 
 def _points(x: float) -> str:
@@ -182,13 +187,16 @@ def _points(x: float) -> str:
 
 
 def _effect_cells(effect: Effect, metric: str) -> tuple[str, str]:
-    if not (math.isfinite(effect.low) and math.isfinite(effect.high)):  # one pair: no interval
-        d = 100 * effect.difference if is_share(metric) else effect.difference
-        return (f"{_points(d)} pp" if is_share(metric) else f"{d:+.3g}"), "—"
-    if is_share(metric):
-        d, lo, hi = (100 * v for v in (effect.difference, effect.low, effect.high))
-        return f"{_points(d)} pp", f"[{_points(lo)}, {_points(hi)}]"
-    return f"{effect.difference:+.3g}", f"[{effect.low:+.3g}, {effect.high:+.3g}]"
+    """(effect, interval) cells: shares in percentage points; "—" where there is no interval."""
+    share = is_share(metric)
+
+    def fmt(v: float) -> str:
+        return _points(100 * v) if share else f"{v:+.3g}"
+
+    difference = fmt(effect.difference) + (" pp" if share else "")
+    if not (math.isfinite(effect.low) and math.isfinite(effect.high)):
+        return difference, "—"
+    return difference, f"[{fmt(effect.low)}, {fmt(effect.high)}]"
 
 
 def effect_metrics(groups: dict[str, list[str]]) -> list[str]:
@@ -211,15 +219,16 @@ def effects_section(
     for knob, a, b, within in study_contrasts(factors):
         for metric in metrics:
             effect = contrast(records, metric, knob, a, b, within, n_boot=n_boot)
-            if effect is None or (effect.difference == 0 and not effect.high > effect.low):
-                continue  # e.g. 0 in every run: nothing to say
+            if effect is None or not effect.says_something:
+                continue
             where = "all runs" if within is None else f"{within[0]}={format_value(within[1])}"
             pairs = f"{effect.n} pairs" if effect.paired else f"{effect.n} runs (unpaired)"
             pairs += ", t" if effect.method == "t" and math.isfinite(effect.low) else ""
             rows.append(
                 [
                     metric,
-                    f"{knob}={format_value(a)} − {knob}={format_value(b)}" + policy_note(knob, a, b),
+                    f"{knob}={format_value(a)} − {knob}={format_value(b)}"
+                    + (f" ({policy_side(a, b)})" if knob == "mix" else ""),
                     where,
                     *_effect_cells(effect, metric),
                     pairs + (" ✱" if effect.clear else ""),

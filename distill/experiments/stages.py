@@ -127,7 +127,7 @@ def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, 
     the rollout policy's advantage (or deficit) persist through the chained stage? Each side is an
     `effects.contrast` (paired by every other setting; a chained run inherits its parent's
     settings, so a stage with its own axes pairs per value of them)."""
-    from distill.experiments.effects import MIN_BOOTSTRAP_PAIRS, contrast, policy_note
+    from distill.experiments.effects import MIN_BOOTSTRAP_PAIRS, contrast, policy_side
 
     mixes = sorted(knobs.get("mix", []))
     if len(mixes) < 2:
@@ -144,7 +144,7 @@ def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, 
                 if e is None:
                     row.append("—")
                     continue
-                said = said or e.difference != 0 or e.high > e.low
+                said = said or e.says_something
                 bounds = f" [{100 * e.low:+.1f}, {100 * e.high:+.1f}]" if math.isfinite(e.low) else ""
                 row.append(f"{100 * e.difference:+.1f}{bounds} ({e.n})")
         if said:
@@ -152,9 +152,9 @@ def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, 
     if not rows:
         return []
     header = ["within"] + [f"{s} {when}" for s in sets for when in (before, after)]
-    note = policy_note("mix", mixes[0], mixes[-1]).strip(" ()")
     return [
-        f"### mix={format_value(mixes[0])} − mix={format_value(mixes[-1])} ({note}) before and after",
+        f"### mix={format_value(mixes[0])} − mix={format_value(mixes[-1])} ({policy_side(mixes[0], mixes[-1])}) "
+        "before and after",
         "",
         "In percentage points (n pairs), paired by every other setting, with 95 % intervals (Student's t "
         f"below {MIN_BOOTSTRAP_PAIRS} pairs, else a bootstrap; none without spread; `distill.experiments.effects`): "
