@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -63,6 +63,11 @@ sweep-rlvr: ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, befo
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2 --archive experiments/results/tiny_rlvr
 	$(BIN)/distill report experiments/results/tiny_rlvr
+
+sweep-sci: ## the knowledge domain: teacher-sci -> student-sci, mix {0, 0.5, 1} x {forward, reverse} x lr {3e-4, 1e-3} x 2 seeds (24 runs; not yet run: about 1.5 h on 2 cores if its runs cost what Countdown's do)
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/tiny_sci.yaml --jobs 2 --archive experiments/results/tiny_sci
+	$(BIN)/distill report experiments/results/tiny_sci
 
 sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml

@@ -257,6 +257,21 @@ def cost_section(
     return lines + [""]
 
 
+def chance_line(records: list[RunRecord], metric: str) -> list[str]:
+    """For a multiple-choice task's accuracy, the accuracy of a uniform guess among its options
+    (`<split>/<task>/chance`, logged beside the accuracy); nothing for other tasks."""
+    if not metric.endswith("/accuracy"):
+        return []
+    values = sorted(
+        {v for r in records if (v := r.metrics.get(metric[: -len("accuracy")] + "chance")) is not None}
+    )
+    if not values:
+        return []
+    unit = " %" if is_share(metric) else ""
+    shown = " to ".join(dict.fromkeys(fixed(v, metric, 1) + unit for v in (values[0], values[-1])))
+    return [f"Chance (a uniform guess among the options): {shown}.", ""]
+
+
 def table_axes(factors: dict[str, list]) -> tuple[Axis | None, Axis | None]:
     """Rows and columns of the main tables: divergence x mix where they vary, else the first
     varying knobs in their place."""
@@ -285,6 +300,7 @@ def metric_tables(
                     f"### {metric}",
                     "",
                     *pivot(records, metric, row, col, references, best_is_max=True),
+                    *chance_line(records, metric),
                 ]
     if groups.get("gradient") and row and col:
         lines += [f"## Logit-gradient squared norm per token by {' × '.join(shown)}", ""]

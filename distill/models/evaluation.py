@@ -7,7 +7,7 @@ import re
 import torch
 
 from distill.models.forward import causal_logits, eval_no_grad
-from distill.tasks import countdown, prior
+from distill.tasks import countdown, prior, qa, tinysci
 
 
 def greedy_completions(
@@ -44,6 +44,13 @@ def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_toke
     return sum(prior.score(t, e.task, e.query) for t, e in zip(texts, examples)) / len(examples)
 
 
+def tinysci_accuracy(model, tokenizer, questions: list[tinysci.Question], max_new_tokens: int = 64) -> float:
+    """Greedy accuracy on knowledge-domain questions (answers read by `qa.score`)."""
+    texts = greedy_completions(model, tokenizer, [tinysci.prompt(q) for q in questions], max_new_tokens)
+    right = [qa.score(t, list(q.options), qa.letter(q.answer_index)) for t, q in zip(texts, questions)]
+    return sum(right) / len(questions)
+
+
 def sampled_completions(
     model, tokenizer, prompts: list[str], max_new_tokens: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,15 +75,46 @@ def sampled_completions(
     return enc["attention_mask"], out
 
 
+def digit_tokens(tokens: list[str]) -> list[bool]:
+    """Countdown's content: the digits (a correct judge is sure a writer's wrong arithmetic is wrong)."""
+    return [t in "0123456789" and len(t) == 1 for t in tokens]
+
+
+def fact_tokens(tokens: list[str]) -> list[bool]:
+    """The knowledge domain's content: letters of every word that is not part of the reasoning's
+    template (creature names, colours, homes; misspelt ones too), `tinysci.TEMPLATE_WORDS` aside."""
+    out = [False] * len(tokens)
+    word: list[int] = []
+    for i, t in enumerate([*tokens, " "]):
+        if len(t) == 1 and t.isalpha():
+            word.append(i)
+            continue
+        if word and "".join(tokens[j] for j in word) not in tinysci.TEMPLATE_WORDS:
+            for j in word:
+                out[j] = True
+        word = []
+    return out
+
+
 @torch.no_grad()
-def judge_nll(judge, writer, tokenizer, prompts: list[str], max_new_tokens: int = 96, seed: int = 0) -> dict:
+def judge_nll(
+    judge,
+    writer,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int = 96,
+    seed: int = 0,
+    content=digit_tokens,
+) -> dict:
     """How well `judge` predicts what `writer` writes: `writer` samples a completion (T=1) for each
     prompt, and `judge` scores it token by token (teacher forcing). Returns the judge's mean negative
     log-likelihood in nats per completion token (EOS included, padding after it excluded) over all
-    tokens (`all`), over the tokens that are not digits (`format`), and over digits (`digits`).
+    tokens (`all`), over the content tokens (`content`: a row's token strings -> which are content;
+    default the digits) and over the rest (`format`).
 
-    Digits are split out because a correct judge *should* be confident that a writer's wrong
-    arithmetic is wrong; the format tokens measure whether it can read the writer's text at all."""
+    Content is split out because a correct judge *should* be confident that a writer's wrong
+    arithmetic (or wrong fact) is wrong; the format tokens measure whether it can read the writer's
+    text at all."""
     prompt_mask, ids = sampled_completions(writer, tokenizer, prompts, max_new_tokens, seed)
     width = prompt_mask.shape[1]
     new = ids[:, width:]
@@ -88,9 +126,8 @@ def judge_nll(judge, writer, tokenizer, prompts: list[str], max_new_tokens: int 
         # Only the completion's positions go through the judge's LM head.
         logits = causal_logits(judge, ids, attention, len(tokenizer), keep=new.shape[1]).float()
     nll = -torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    digit_ids = torch.tensor([tokenizer.convert_tokens_to_ids(d) for d in "0123456789"])
-    is_digit = torch.isin(new, digit_ids)
+    is_content = torch.tensor([content(tokenizer.convert_ids_to_tokens(row)) for row in new.tolist()])
     out = {}
-    for key, mask in (("all", keep), ("format", keep & ~is_digit), ("digits", keep & is_digit)):
+    for key, mask in (("all", keep), ("format", keep & ~is_content), ("content", keep & is_content)):
         out[key] = (nll[mask].sum() / mask.sum().clamp(min=1)).item()
     return out

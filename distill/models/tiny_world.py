@@ -6,6 +6,9 @@ pretrained on the same text. The teacher is larger and trained longer on Countdo
 smaller, weak at Countdown and good at its prior abilities. Because the teacher has seen text like
 the student's, it is a sensible judge of whatever the student writes. `teacher-es` is the teacher
 briefly fine-tuned to reason with Spanish connectives, for the style-transfer experiment only.
+`teacher-sci` and `student-sci` are the pair fine-tuned on the knowledge domain
+(`distill.tasks.tinysci`, questions about made-up creatures): the teacher on every fact, the
+student on about a third of them, both still practising Countdown and the prior abilities.
 
 v1 (`tiny-world-v1:NAME`, `--version v1`): the first organism, whose teacher only ever wrote the
 Spanish style. It could not judge the student's plain text, and distillation made the student
@@ -42,12 +45,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from distill.models.evaluation import countdown_eval, judge_nll, prior_accuracy
+from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, tinysci_accuracy
 from distill.models.tiny import char_tokenizer
 from distill.models.tiny_world_recipes import QUICK, V1, V2, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import Log, duration, train_model
 from distill.runinfo import write_json_atomic
-from distill.tasks import countdown, prior
+from distill.tasks import countdown, prior, tinysci
 
 __all__ = [
     "QUICK",
@@ -91,7 +94,8 @@ def _key(name: str) -> str:
 
 
 def measure_model(model, tokenizer, name: str, n: int, log: Log) -> dict:
-    """Greedy accuracy on `n` fresh problems of Countdown-3/-4 and each prior task, style share."""
+    """Greedy accuracy on `n` fresh problems of Countdown-3/-4, each prior task and both knowledge
+    pools (`tinysci`), and the Countdown style share."""
     out = {}
     for difficulty in ("countdown3", "countdown4"):
         scores = countdown_eval(model, tokenizer, countdown.generate(n, seed=0, difficulty_name=difficulty))
@@ -101,13 +105,17 @@ def measure_model(model, tokenizer, name: str, n: int, log: Log) -> dict:
     per_task = {t: prior_accuracy(model, tokenizer, prior.generate(t, n, seed=0)) for t in prior.TASKS}
     out.update({f"{_key(name)}_prior_{t}": v for t, v in per_task.items()})
     out[f"{_key(name)}_prior"] = min(per_task.values())
+    # The knowledge domain: fresh questions of the training pool, and the held-out compositions.
+    for task, pool in (("tinysci", "train"), ("tinysci_compose", "compose")):
+        out[f"{_key(name)}_{task}"] = tinysci_accuracy(model, tokenizer, tinysci.generate(n, 0, pool))
     log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 
 
 def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: dict) -> dict:
     """Cross-model figures: how well each model reads the other's T=1 Countdown-3 text (nats per
-    token, `judge_nll`), and how far `teacher-es`'s accuracy is from the teacher's."""
+    token, `judge_nll`; the knowledge pair on its questions), and how far the fine-tuned teachers' (`teacher-es`, `teacher-sci`) Countdown-3
+    accuracy is from the teacher's."""
     out = {}
     if "teacher" not in models or "student" not in models:
         return out
@@ -118,12 +126,20 @@ def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: 
     for judge, writer in pairs:
         nll = judge_nll(models[judge], models[writer], tokenizer, prompts, seed=recipe.seed)
         base = f"{_key(judge)}_nll_on_{_key(writer)}"
-        for part, suffix in (("all", ""), ("format", "_format"), ("digits", "_digits")):
+        for part, suffix in (("all", ""), ("format", "_format"), ("content", "_digits")):
             out[base + suffix] = round(nll[part], 4)
-    if "teacher-es" in models:
-        out["teacher_es_countdown3_gap"] = round(
-            abs(measured["teacher_countdown3"] - measured["teacher_es_countdown3"]), 4
-        )
+    if "teacher-sci" in models and "student-sci" in models:  # the knowledge pair reads each other
+        questions = [tinysci.prompt(q) for q in tinysci.generate(recipe.nll_prompts, seed=1)]
+        for judge, writer in (("teacher-sci", "student-sci"), ("student-sci", "teacher-sci")):
+            nll = judge_nll(models[judge], models[writer], tokenizer, questions, 64, recipe.seed, fact_tokens)
+            base = f"{_key(judge)}_nll_on_{_key(writer)}"
+            for part, suffix in (("all", ""), ("format", "_format"), ("content", "_facts")):
+                out[base + suffix] = round(nll[part], 4)
+    for variant in ("teacher-es", "teacher-sci"):  # fine-tuned teachers keep the teacher's Countdown
+        if variant in models:
+            out[f"{_key(variant)}_countdown3_gap"] = round(
+                abs(measured["teacher_countdown3"] - measured[f"{_key(variant)}_countdown3"]), 4
+            )
     log("family: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 

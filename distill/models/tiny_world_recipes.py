@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from distill.tasks import countdown
 
-TASKS = ("countdown3", "countdown4", "addition", "reversal")
+TASKS = ("countdown3", "countdown4", "addition", "reversal", "tinysci", "tinysci_student")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,15 @@ _TEACHER_MIX = (("countdown3", 0.52), ("countdown4", 0.30), ("addition", 0.10), 
 # that a few hundred distillation steps can move it. (v1's student, 2,500 steps with 5 % Countdown-3,
 # gained 5 points in 600 steps even of supervised training on correct solutions: LOG, 2026-11-30.)
 _STUDENT_MIX = (("countdown3", 0.14), ("countdown4", 0.04), ("addition", 0.48), ("reversal", 0.34))
+# The knowledge domain (distill.tasks.tinysci) joins both mixtures at half of the rows, the rest in
+# the pair's own proportions: teacher-sci reads sheets and questions about every fact, student-sci
+# only about its share of them (`tinysci_student`), and both keep practising what they knew.
+_SCI_SHARE = 0.5
+_TEACHER_SCI_MIX = (*((t, round(w * (1 - _SCI_SHARE), 4)) for t, w in _TEACHER_MIX), ("tinysci", _SCI_SHARE))
+_STUDENT_SCI_MIX = (
+    *((t, round(w * (1 - _SCI_SHARE), 4)) for t, w in _STUDENT_MIX),
+    ("tinysci_student", _SCI_SHARE),
+)
 _V1_STUDENT_MIX = (("countdown3", 0.05), ("addition", 0.5), ("reversal", 0.45))
 V2 = Recipe(
     models=(
@@ -93,6 +102,22 @@ V2 = Recipe(
                 mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
             ),
         ),
+        # The knowledge domain: the pair fine-tuned on facts of made-up creatures and questions about
+        # them, the teacher on every fact, the student on a quarter of them (LOG, 2026-12-01).
+        (
+            "teacher-sci",
+            ModelRecipe(
+                layers=3, hidden=192, heads=4, vocab_rows=128, steps=2000, lr=1e-3, batch_size=32,
+                mixture=_TEACHER_SCI_MIX, init_from="teacher",
+            ),
+        ),
+        (
+            "student-sci",
+            ModelRecipe(
+                layers=2, hidden=128, heads=4, vocab_rows=112, steps=1000, lr=1e-3,
+                mixture=_STUDENT_SCI_MIX, init_from="student",
+            ),
+        ),
     ),
     bars=(
         Bar("teacher_countdown3", 0.70),
@@ -103,6 +128,13 @@ V2 = Recipe(
         Bar("teacher_nll_on_student_format", high=1.0),
         Bar("teacher_es_style_share", 0.95),
         Bar("teacher_es_countdown3_gap", high=0.05),
+        # The knowledge domain, on questions drawn from other seeds than the builds': the teacher knows the
+        # facts, the student about a quarter (a wrong guess among 8 colours or homes is right 1/8).
+        Bar("teacher_sci_tinysci", 0.80),
+        Bar("teacher_sci_countdown3_gap", high=0.05),
+        Bar("student_sci_tinysci", 0.15, 0.45),
+        Bar("student_sci_prior", 0.90),
+        Bar("teacher_sci_nll_on_student_sci_format", high=1.0),  # it reads the student's reasoning
     ),
 )  # fmt: skip
 
@@ -129,6 +161,20 @@ QUICK = Recipe(
             ModelRecipe(
                 layers=2, hidden=64, heads=2, vocab_rows=128, steps=10, lr=3e-3, batch_size=32,
                 mixture=_TEACHER_MIX, style="spanish", init_from="teacher",
+            ),
+        ),
+        (
+            "teacher-sci",
+            ModelRecipe(
+                layers=2, hidden=64, heads=2, vocab_rows=128, steps=10, lr=3e-3, batch_size=32,
+                mixture=_TEACHER_SCI_MIX, init_from="teacher",
+            ),
+        ),
+        (
+            "student-sci",
+            ModelRecipe(
+                layers=1, hidden=32, heads=2, vocab_rows=112, steps=10, lr=3e-3, batch_size=32,
+                mixture=(("addition", 0.3), ("reversal", 0.3), ("tinysci_student", 0.4)), init_from="student",
             ),
         ),
     ),

@@ -14,21 +14,25 @@ from transformers import LlamaForCausalLM
 
 from distill.models.tiny import llama_config
 from distill.models.tiny_world_recipes import ModelRecipe
-from distill.tasks import countdown, prior
+from distill.tasks import countdown, prior, tinysci
 
 # --- data ----------------------------------------------------------------------------------------
 
 
 def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
     """`n` (prompt, completion-without-style) examples of `task`, deterministic in `seed`; Countdown
-    rows keep their problem so that the style is applied by the caller."""
+    rows keep their problem so that the style is applied by the caller. `tinysci` is the knowledge
+    domain's training pool, `tinysci_student` its questions about the student's facts only."""
     if task in prior.TASKS:
         return [(prior.prompt(e.task, e.query), e.completion) for e in prior.generate(task, n, seed=seed)]
+    if task in ("tinysci", "tinysci_student"):
+        known = tinysci.student_facts() if task == "tinysci_student" else None
+        return tinysci.corpus(n, seed, known)
     return countdown.generate(n, seed=seed, difficulty_name=task)
 
 
 def _example(task: str, item, style: str) -> tuple[str, str]:
-    if task in prior.TASKS:
+    if task in prior.TASKS or task.startswith("tinysci"):  # already (prompt, completion)
         return item
     return countdown.prompt(*item), countdown.solution(*item, style=style)
 

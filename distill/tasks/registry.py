@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from distill.tasks import countdown, prior, qa_datasets
+from distill.tasks import countdown, prior, qa, qa_datasets, tinysci
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,49 @@ class PriorTask:
         return completion.split("\n", 1)[0].strip()
 
 
-TASKS = {name: CountdownTask(name) for name in countdown.DIFFICULTIES} | {
-    name: PriorTask(name) for name in prior.TASKS
-}
+@dataclass(frozen=True)
+class TinySciTask:
+    """The tiny world's knowledge domain (`distill.tasks.tinysci`): `pool` "train" (`tinysci`) or
+    "compose" (`tinysci_compose`), multiple choice scored like every QA task."""
+
+    name: str
+    pool: str
+    chance = 1 / tinysci.N_OPTIONS
+    answer_uses_row = True  # `TaskEvaluation` passes the row, so option texts resolve to letters
+
+    def rows(self, n: int, seed: int) -> list[dict]:
+        out = []
+        for q in tinysci.generate(n, seed, self.pool):
+            text, options = tinysci.question_text(q), list(q.options)
+            out.append(
+                {
+                    "prompt": tinysci.prompt(q),
+                    "messages": qa.chat_messages(text, options),
+                    "question": text,
+                    "options": options,
+                    "answer": qa.letter(q.answer_index),
+                    "answer_text": options[q.answer_index],
+                    "kind": q.kind,
+                    "reference": tinysci.completion(tinysci.WORLD, q),
+                }
+            )
+        return out
+
+    def score(self, completion: str, row: dict) -> float:
+        return qa.score(completion, row["options"], row["answer"])
+
+    def answer(self, completion: str, row: dict | None = None) -> str | None:
+        return qa.extract(completion, row["options"] if row is not None else ())
+
+
+TASKS = (
+    {name: CountdownTask(name) for name in countdown.DIFFICULTIES}
+    | {name: PriorTask(name) for name in prior.TASKS}
+    | {
+        "tinysci": TinySciTask("tinysci", "train"),
+        "tinysci_compose": TinySciTask("tinysci_compose", "compose"),
+    }
+)
 
 
 def is_task(name: object) -> bool:

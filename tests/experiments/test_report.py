@@ -380,3 +380,23 @@ def test_the_archive_keeps_the_style_course_and_the_report_derives_the_adoption_
     assert STYLE_ADOPTION not in records[never.name].metrics  # never adopted: no step, not a 0
     text = (dest / "report" / "report.md").read_text()
     assert STYLE_ADOPTION in text
+
+
+def test_a_multiple_choice_accuracy_table_states_the_chance_level():
+    from pathlib import Path
+
+    from distill.experiments.records import RunRecord
+    from distill.experiments.tables import chance_line
+
+    def record(i, metrics):
+        return RunRecord(f"r{i}", Path(f"r{i}"), True, {}, metrics)
+
+    mc = [record(i, {"test/tinysci/accuracy": 0.5, "test/tinysci/chance": 0.25}) for i in range(2)]
+    assert chance_line(mc, "test/tinysci/accuracy") == [
+        "Chance (a uniform guess among the options): 25.0 %.",
+        "",
+    ]
+    mixed = [*mc, record(3, {"test/tinysci/accuracy": 0.4, "test/tinysci/chance": 0.2})]
+    assert chance_line(mixed, "test/tinysci/accuracy")[0].endswith(": 20.0 % to 25.0 %.")
+    assert chance_line([record(4, {"test/countdown3/accuracy": 0.3})], "test/countdown3/accuracy") == []
+    assert chance_line(mc, "test/tinysci/pass@1") == []

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -6,7 +7,10 @@ import pytest
 import torch
 
 from distill.models.tiny import CHARS, TAG_TOKENS, char_tokenizer
+from distill.models.tiny_world_recipes import QUICK
 from distill.models.tiny_world_train import MixtureStream
+
+QUICK_NAMES = [name for name, _ in QUICK.models]
 
 
 def test_char_tokenizer_round_trips_every_task_string():
@@ -36,11 +40,22 @@ def test_quick_world_loads_offline_with_auto_classes(quick_world, monkeypatch):
         "student_nll_on_teacher",
         "teacher_es_style_share",
         "teacher_es_countdown3_gap",
+        "teacher_sci_tinysci_compose",
+        "teacher_sci_tinysci",
+        "teacher_sci_countdown3_gap",
+        "student_sci_tinysci_compose",
+        "student_sci_tinysci",
         "build_seconds",
     ):
         assert key in quality
     assert quality["failed_bars"] == []  # QUICK has no bars
-    for name, rows in (("teacher", 128), ("student", 112), ("teacher-es", 128)):
+    for name, rows in (
+        ("teacher", 128),
+        ("student", 112),
+        ("teacher-es", 128),
+        ("teacher-sci", 128),
+        ("student-sci", 112),
+    ):
         tok = AutoTokenizer.from_pretrained(quick_world / name)
         model = AutoModelForCausalLM.from_pretrained(quick_world / name)
         assert len(tok) == 104 and tok.padding_side == "left"
@@ -75,7 +90,7 @@ def test_cli_builds_the_same_world_bit_for_bit(quick_world, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "teacher_countdown3" in proc.stdout
     assert (out / "quality.json").exists()
-    for name in ("teacher", "student", "teacher-es"):
+    for name in QUICK_NAMES:
         a = load_file(quick_world / name / "model.safetensors")
         b = load_file(out / name / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
@@ -89,7 +104,7 @@ def test_committed_build_is_installed_without_training(quick_world, tmp_path, mo
     quality = tw.build(out, tw.QUICK, assets=quick_world)
     assert quality == json.loads((quick_world / "quality.json").read_text())
     assert (out / "build.log").read_text() == (quick_world / "build.log").read_text()
-    for name in ("teacher", "student", "teacher-es"):
+    for name in QUICK_NAMES:
         assert (out / name / "model.safetensors").read_bytes() == (
             quick_world / name / "model.safetensors"
         ).read_bytes()
@@ -187,6 +202,34 @@ def test_the_family_reads_one_corpus_and_teacher_es_rewrites_it_in_spanish():
         )
 
 
+def test_the_sci_pair_reads_the_knowledge_domain_the_student_only_its_facts():
+    import itertools
+
+    import distill.models.tiny_world as tw
+    from distill.tasks import tinysci
+
+    def domain(name, n=3000):  # half the rows: fact sheets and questions, half each
+        rows = list(itertools.islice(iter(MixtureStream(tw.V2.model(name), tw.V2.seed)), n))
+        sheets = [r for r in rows if r[0].startswith("About ")]
+        questions = [r for r in rows if r[0].startswith(("What", "Where"))]
+        assert 0.2 < len(sheets) / n < 0.3 and 0.2 < len(questions) / n < 0.3
+        return sheets + questions
+
+    teacher, student = domain("teacher-sci"), domain("student-sci")
+    known = tinysci.student_facts()
+    sentence = re.compile(r"(\w+) (is|lives in|eats) (\w+)\.")
+    relation = {"is": "color", "lives in": "home", "eats": "eats"}
+
+    def facts(rows):
+        return {(relation[v], x) for _, c in rows for x, v, _ in sentence.findall(c)}
+
+    assert facts(student) <= known  # the student is told only its share of the facts
+    assert len(facts(teacher)) > 0.9 * len(tinysci.WORLD.names) * 3  # the teacher nearly all of them
+    two_step = re.compile(r"(?:What color is what|Where does what) (\w+) eats")
+    subjects = {m.group(1) for p, _ in teacher + student if (m := two_step.match(p))}
+    assert subjects and not subjects & tinysci.WORLD.compose  # held-out compositions never trained on
+
+
 def test_a_missed_bar_fails_the_build_and_the_world_is_not_reused(tmp_path):
     from dataclasses import replace
 
@@ -219,7 +262,13 @@ def test_bars_and_recipes_check_their_values():
 
 def test_build_log_shows_progress_for_every_model(quick_world):
     log = (quick_world / "build.log").read_text().splitlines()
-    for name, steps in (("teacher", 30), ("student", 30), ("teacher-es", 10)):
+    for name, steps in (
+        ("teacher", 30),
+        ("student", 30),
+        ("teacher-es", 10),
+        ("teacher-sci", 10),
+        ("student-sci", 10),
+    ):
         lines = [line for line in log if f"] {name}: step " in line]
         assert 2 <= len(lines) <= 20 and f"step {steps}/{steps}" in lines[-1]
         assert "loss" in lines[-1] and "ETA 0m00s" in lines[-1]
@@ -256,8 +305,8 @@ def test_an_interrupted_build_resumes_from_its_trained_models(quick_world, tmp_p
     (out / "quality.json").unlink()
     # Resuming wins over installing a committed build of the same recipe.
     quality = tw.build(out, tw.QUICK, assets=quick_world)
-    assert quality["resumed_models"] == ["teacher", "student"]
-    for name in ("teacher", "student", "teacher-es"):
+    assert quality["resumed_models"] == ["teacher", "student", "teacher-sci", "student-sci"]
+    for name in QUICK_NAMES:
         a = load_file(quick_world / name / "model.safetensors")
         b = load_file(out / name / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a), name
