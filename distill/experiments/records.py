@@ -281,12 +281,33 @@ def knob_values(records: list[RunRecord], sweep_dir: Path | None = None) -> dict
     return ordered
 
 
+def trained_task(records: list[RunRecord]) -> str | None:
+    """The task most of the runs train on (`data.task` of their `config.yaml`), None if unknown."""
+    tasks: dict[str, int] = {}
+    for r in records:
+        try:
+            task = (yaml.safe_load((Path(r.run_dir) / "config.yaml").read_text()) or {})["data"]["task"]
+        except (OSError, KeyError, TypeError, yaml.YAMLError):
+            continue
+        if isinstance(task, str):
+            tasks[task] = tasks.get(task, 0) + 1
+    return max(tasks, key=lambda t: (tasks[t], t)) if tasks else None
+
+
+def headline_order(records: list[RunRecord]):
+    """Sort key of test sets, headline first: Countdown-3 for runs that train on Countdown (any
+    variant), else the task they train on (e.g. `tinysci`), then the rest by name."""
+    task = trained_task(records)
+    first = task if task is not None and not task.startswith(("countdown", "longchain")) else "countdown3"
+    return lambda s: (s != first, s != "countdown3", s)
+
+
 def metric_names(records: list[RunRecord]) -> list[str]:
     """Metric names present in any finished run: the headline metrics first, then the rest sorted."""
     present = {name for r in records for name in r.metrics}
     sets = sorted(
         {m.split("/")[1] for m in present if re.fullmatch(r"test/[^/]+/accuracy", m)},
-        key=lambda s: (s != "countdown3", s),
+        key=headline_order(records),
     )
     ordered = []
     for pattern in HEADLINE:

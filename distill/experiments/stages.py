@@ -20,7 +20,14 @@ from typing import Any
 
 from distill.experiments.analysis import summarize
 from distill.experiments.axes import format_value
-from distill.experiments.records import REPLICATE, RunRecord, knob_values, load_records, read_sweep_record
+from distill.experiments.records import (
+    REPLICATE,
+    RunRecord,
+    headline_order,
+    knob_values,
+    load_records,
+    read_sweep_record,
+)
 from distill.experiments.rundirs import SETTINGS
 
 PREFERRED = ("divergence", "mix")
@@ -80,7 +87,7 @@ def before_after(
     sets = sorted(
         {m.split("/")[1] for p, c in matched for m in p.metrics if re.fullmatch(r"test/[^/]+/accuracy", m)}
         & {m.split("/")[1] for p, c in matched for m in c.metrics if re.fullmatch(r"test/[^/]+/accuracy", m)},
-        key=lambda s: (s != "countdown3", s),
+        key=headline_order([p for p, _ in matched]),
     )
     lines += [
         f"Test accuracy of each `{before}` run (before) and of the `{after}` run started from it "

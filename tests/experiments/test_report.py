@@ -400,3 +400,28 @@ def test_a_multiple_choice_accuracy_table_states_the_chance_level():
     assert chance_line(mixed, "test/tinysci/accuracy")[0].endswith(": 20.0 % to 25.0 %.")
     assert chance_line([record(4, {"test/countdown3/accuracy": 0.3})], "test/countdown3/accuracy") == []
     assert chance_line(mc, "test/tinysci/pass@1") == []
+
+
+def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
+    from distill.experiments.records import RunRecord, metric_names, trained_task
+
+    def records(task):
+        out = []
+        for i in range(2):
+            run = tmp_path / task / f"r{i}"
+            run.mkdir(parents=True)
+            (run / "config.yaml").write_text(yaml.safe_dump({"data": {"task": task}}))
+            metrics = {f"test/{s}/accuracy": 0.1 for s in ("countdown3", "countdown4", "tinysci")}
+            out.append(RunRecord(f"r{i}", run, True, {}, metrics))
+        return out
+
+    sci, longchain = records("tinysci"), records("longchain")
+    assert trained_task(sci) == "tinysci"
+    assert metric_names(sci)[:3] == [
+        "test/tinysci/accuracy",
+        "test/countdown3/accuracy",
+        "test/countdown4/accuracy",
+    ]
+    # every Countdown variant keeps Countdown-3 as the headline (the long-chain robustness check too)
+    assert metric_names(longchain)[0] == "test/countdown3/accuracy"
+    assert trained_task([RunRecord("x", tmp_path / "none", True, {}, {})]) is None
