@@ -25,7 +25,7 @@ test-fast: ## unit tests only (skips tests marked slow)
 lint: ## ruff
 	$(BIN)/ruff check distill tests benchmarks
 
-tiny-world: ## install the CPU tiny world v2 (teacher, student, teacher-es) from its committed build
+tiny-world: ## install the CPU tiny world v2 (teacher, student, teacher-es, teacher-sci, student-sci) from its committed build
 	$(BIN)/distill tiny-world
 
 bench: ## loss benchmark: chunked vs naive divergences, peak memory and time ratios

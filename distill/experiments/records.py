@@ -29,6 +29,7 @@ from distill.experiments.schema import SpecError
 from distill.experiments.spec import Run, SweepSpec
 from distill.rundir import METRICS, flatten, read_metrics
 from distill.runinfo import write_json_atomic
+from distill.tasks import qa_datasets
 
 REPLICATE = "seed"
 # The contract's headline metrics, in report order; `{set}` expands to each test set present.
@@ -298,6 +299,8 @@ def headline_order(records: list[RunRecord]):
     """Sort key of test sets, headline first: Countdown-3 for runs that train on Countdown (any
     variant), else the task they train on (e.g. `tinysci`), then the rest by name."""
     task = trained_task(records)
+    if task is not None and qa_datasets.is_spec(task):  # logged under its task's name
+        task = qa_datasets.task_name(task)
     first = task if task is not None and not task.startswith(("countdown", "longchain")) else "countdown3"
     return lambda s: (s != first, s != "countdown3", s)
 

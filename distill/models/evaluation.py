@@ -126,7 +126,8 @@ def judge_nll(
         # Only the completion's positions go through the judge's LM head.
         logits = causal_logits(judge, ids, attention, len(tokenizer), keep=new.shape[1]).float()
     nll = -torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    is_content = torch.tensor([content(tokenizer.convert_ids_to_tokens(row)) for row in new.tolist()])
+    rows = [content(tokenizer.convert_ids_to_tokens(row)) for row in new.tolist()]
+    is_content = torch.tensor(rows, dtype=torch.bool, device=new.device)
     out = {}
     for key, mask in (("all", keep), ("format", keep & ~is_content), ("content", keep & is_content)):
         out[key] = (nll[mask].sum() / mask.sum().clamp(min=1)).item()

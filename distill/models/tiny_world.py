@@ -8,7 +8,7 @@ the student's, it is a sensible judge of whatever the student writes. `teacher-e
 briefly fine-tuned to reason with Spanish connectives, for the style-transfer experiment only.
 `teacher-sci` and `student-sci` are the pair fine-tuned on the knowledge domain
 (`distill.tasks.tinysci`, questions about made-up creatures): the teacher on every fact, the
-student on about a third of them, both still practising Countdown and the prior abilities.
+student on about a quarter of them, both still practising Countdown and the prior abilities.
 
 v1 (`tiny-world-v1:NAME`, `--version v1`): the first organism, whose teacher only ever wrote the
 Spanish style. It could not judge the student's plain text, and distillation made the student
@@ -106,7 +106,7 @@ def measure_model(model, tokenizer, name: str, n: int, log: Log) -> dict:
     out.update({f"{_key(name)}_prior_{t}": v for t, v in per_task.items()})
     out[f"{_key(name)}_prior"] = min(per_task.values())
     # The knowledge domain: fresh questions of the training pool, and the held-out compositions.
-    for task, pool in (("tinysci", "train"), ("tinysci_compose", "compose")):
+    for task, pool in tinysci.TASKS.items():
         out[f"{_key(name)}_{task}"] = tinysci_accuracy(model, tokenizer, tinysci.generate(n, 0, pool))
     log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out

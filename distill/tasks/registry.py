@@ -97,10 +97,7 @@ class TinySciTask:
 TASKS = (
     {name: CountdownTask(name) for name in countdown.DIFFICULTIES}
     | {name: PriorTask(name) for name in prior.TASKS}
-    | {
-        "tinysci": TinySciTask("tinysci", "train"),
-        "tinysci_compose": TinySciTask("tinysci_compose", "compose"),
-    }
+    | {name: TinySciTask(name, pool) for name, pool in tinysci.TASKS.items()}
 )
 
 

@@ -16,8 +16,9 @@ option's text, which `distill.tasks.qa.extract` reads as its letter (the rules o
     <think>lokor eats gulod. gulod is red.</think><answer>red</answer>
 
 Options are the right value and three others of the same kind (colours, homes or creatures), in an
-order fixed by the question's seed (a uniform guess among them: chance 0.25); a value that is not
-an option answers nothing. The letter also counts (`<answer>C</answer>`), but the tiny models answer
+order fixed by the question's seed (a uniform guess among them: chance 0.25; a model that names a
+value of its own when it does not know, as the tiny student does, is right about 1 time in 8 for
+colours and homes and almost never for creatures); a value that is not an option answers nothing. The letter also counts (`<answer>C</answer>`), but the tiny models answer
 with the text: finding a value's letter among the options is a lookup that a 600-step probe of the
 teacher did not learn (it stated 94 % of the facts right but gave the letter of the stated value
 in 30 % of its answers: experiments/LOG.md, 2026-12-01).
@@ -31,9 +32,12 @@ Two question pools, two registered tasks:
 - `tinysci`: the training pool. One-step questions about any creature; two-step questions whose
   first creature is not one of the `compose` creatures. The tiny world's teacher (`teacher-sci`)
   trains on all of it, its student (`student-sci`) only on sheets and questions about the facts in
-  `student_facts()` (a seeded `STUDENT_KNOWS` share). Evaluation draws from other seeds than the
-  builds (mostly question texts they never read, over the same facts); the quality bars (teacher
-  >= 0.80, student <= 0.45) are measured there.
+  `student_facts()` (a seeded `STUDENT_KNOWS` share). Evaluation draws other seeds than the
+  builds: the same (question, creature) pairs with new distractors and order, so it measures
+  whether the facts are known, not whether unseen questions can be answered. The quality bars
+  (teacher >= 0.80, student <= 0.45) are measured there. Questions about creatures never asked
+  about in training, their facts read in sheets only, are no use as a test pool: the teacher
+  answered 19.6 % of them (below chance; LOG, 2026-12-01, sixth session).
 - `tinysci_compose`: the harder variant, two-step questions about the `compose` creatures
   (`COMPOSE_SHARE` of them): compositions no model trained on, answerable only by chaining facts
   learnt one at a time. A 600-step probe of the teacher answered 16 % of them (LOG, 2026-12-01):
@@ -59,6 +63,7 @@ N_OPTIONS = 4
 COMPOSE_SHARE = 0.25  # of creatures: their two-step questions are never trained on
 STUDENT_KNOWS = 0.25  # of facts: the share stated in the student's training
 POOLS = ("train", "compose")
+TASKS = {"tinysci": "train", "tinysci_compose": "compose"}  # registered name: pool
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
 
 

@@ -408,7 +408,7 @@ def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
     def records(task):
         out = []
         for i in range(2):
-            run = tmp_path / task / f"r{i}"
+            run = tmp_path / task.replace("/", "_") / f"r{i}"
             run.mkdir(parents=True)
             (run / "config.yaml").write_text(yaml.safe_dump({"data": {"task": task}}))
             metrics = {f"test/{s}/accuracy": 0.1 for s in ("countdown3", "countdown4", "tinysci")}
@@ -425,3 +425,10 @@ def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
     # every Countdown variant keeps Countdown-3 as the headline (the long-chain robustness check too)
     assert metric_names(longchain)[0] == "test/countdown3/accuracy"
     assert trained_task([RunRecord("x", tmp_path / "none", True, {}, {})]) is None
+    from distill.tasks.qa_datasets import task_name
+
+    spec = "sciq:data/sciq_train.jsonl"
+    qa = records(spec)
+    for r in qa:  # a dataset spec's runs log under its task's name
+        r.metrics[f"test/{task_name(spec)}/accuracy"] = 0.2
+    assert metric_names(qa)[0] == f"test/{task_name(spec)}/accuracy"

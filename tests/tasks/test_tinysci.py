@@ -61,8 +61,9 @@ def test_the_reference_reasons_with_the_true_facts_then_answers():
         other = next(o for o in row["options"] if o != row["answer_text"])
         assert task.score(row["reference"].replace(f">{row['answer_text']}<", f">{other}<"), row) == 0.0
         assert task.score(f"<answer>{row['answer']}</answer>", row) == 1.0  # the letter counts too
-        # a value of the right kind that is not among the options answers nothing
-        absent = next(v for v in tinysci.COLORS + tinysci.HOMES + W.names if v not in row["options"])
+        # a value of the question's own kind that is not among the options answers nothing
+        values = {"color": tinysci.COLORS, "home": tinysci.HOMES, "eats": W.names}[q.steps[-1][0]]
+        absent = next(v for v in values if v not in row["options"])
         assert task.score(f"<answer>{absent}</answer>", row) == 0.0
 
 
