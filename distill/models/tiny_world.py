@@ -48,7 +48,7 @@ from transformers import LlamaForCausalLM
 from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, tinysci_accuracy
 from distill.models.tiny import char_tokenizer
 from distill.models.tiny_world_recipes import QUICK, V1, V2, VERSIONS, Bar, ModelRecipe, Recipe
-from distill.models.tiny_world_train import Log, duration, train_model
+from distill.models.tiny_world_train import Log, corpus_digest, duration, train_model
 from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior, tinysci
 
@@ -167,13 +167,14 @@ MODEL_RECORD = "tiny_world.json"  # beside each trained model: what made it, how
 
 
 def _stamp(recipe: Recipe, name: str) -> dict:
-    """Everything that determines a model's weights: its recipe, those of the models it starts
-    from, the seed and the thread count."""
+    """Everything that determines a model's weights: its recipe and those of the models it starts
+    from, what each read (`corpus_digest`), the seed and the thread count."""
     chain, current = {}, name
     while current is not None:
         chain[current] = json.loads(json.dumps(asdict(recipe.model(current))))
         current = recipe.model(current).init_from
-    return {"name": name, "models": chain, "seed": recipe.seed, "threads": recipe.threads}
+    corpus = {m: corpus_digest(recipe.model(m), recipe.seed) for m in chain}
+    return {"name": name, "models": chain, "corpus": corpus, "seed": recipe.seed, "threads": recipe.threads}
 
 
 def _record_matches(folder: Path, stamp: dict) -> bool:

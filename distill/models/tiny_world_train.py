@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
+import itertools
+import json
 import random
 import time
 from pathlib import Path
@@ -61,6 +65,14 @@ class MixtureStream(IterableDataset):
             for i in range(256):
                 k = rng.choices(range(len(tasks)), weights)[0]
                 yield _example(tasks[k], pools[k][i], r.style)
+
+
+@functools.lru_cache(maxsize=32)
+def corpus_digest(recipe: ModelRecipe, seed: int, rows: int = 512) -> str:
+    """A fingerprint of what a model reads: the hash of its stream's first `rows` rows. A stamp
+    carries it, so that a change to a task's generator (not only to the recipe) retrains."""
+    head = list(itertools.islice(iter(MixtureStream(recipe, seed)), rows))
+    return hashlib.sha256(json.dumps(head).encode()).hexdigest()[:16]
 
 
 class Collator:

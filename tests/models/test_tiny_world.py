@@ -321,3 +321,31 @@ def test_an_interrupted_build_resumes_from_its_trained_models(quick_world, tmp_p
     assert tw._stamp(changed, "teacher") == tw._stamp(tw.QUICK, "teacher")
     # --force retrains everything.
     assert tw.build(out, tw.QUICK, force=True)["resumed_models"] == []
+
+
+def test_a_changed_task_generator_changes_the_stamp_so_a_resumed_build_retrains(monkeypatch):
+    """The recipe alone does not fix what a model reads: the stamp also hashes the head of its
+    stream, so a changed generator makes an earlier model stale."""
+    import distill.models.tiny_world as tw
+    import distill.models.tiny_world_train as train
+
+    # the committed build's records carry the stamps this code computes
+    for name, _ in tw.V2.models:
+        record = json.loads((tw.assets_dir("v2") / name / tw.MODEL_RECORD).read_text())
+        assert record["stamp"] == tw._stamp(tw.V2, name), name
+    before = {name: tw._stamp(tw.V2, name) for name in ("student", "teacher-sci")}
+    original = train._chunk
+
+    def reworded(task, n, seed):
+        rows = original(task, n, seed)
+        return [(p, c + " ") for p, c in rows] if task == "addition" else rows
+
+    monkeypatch.setattr(train, "_chunk", reworded)
+    train.corpus_digest.cache_clear()
+    try:
+        after = {name: tw._stamp(tw.V2, name) for name in ("student", "teacher-sci")}
+    finally:
+        train.corpus_digest.cache_clear()
+    for name in before:
+        assert after[name]["models"] == before[name]["models"]  # the recipes are the same...
+        assert after[name]["corpus"] != before[name]["corpus"], name  # ...what they read is not
