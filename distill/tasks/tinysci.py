@@ -40,8 +40,8 @@ Two question pools, two registered tasks:
   answered 19.6 % of them (below chance; LOG, 2026-12-01, sixth session).
 - `tinysci_compose`: the harder variant, two-step questions about the `compose` creatures
   (`COMPOSE_SHARE` of them): compositions no model trained on, answerable only by chaining facts
-  learnt one at a time. A 600-step probe of the teacher answered 16 % of them (LOG, 2026-12-01):
-  like Countdown-5 for arithmetic, it tests generalisation beyond the training pool.
+  learnt one at a time. teacher-sci answers 39 % of them, student-sci 9 % (`quality.json`): like
+  Countdown-4/5 for arithmetic, it tests generalisation beyond the training pool.
 """
 
 from __future__ import annotations
