@@ -7,7 +7,7 @@ import re
 import torch
 
 from distill.models.forward import causal_logits, eval_no_grad
-from distill.tasks import countdown, prior, qa, tinysci
+from distill.tasks import countdown, prior, tinysci
 
 
 def greedy_completions(
@@ -44,11 +44,10 @@ def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_toke
     return sum(prior.score(t, e.task, e.query) for t, e in zip(texts, examples)) / len(examples)
 
 
-def tinysci_accuracy(model, tokenizer, questions: list[tinysci.Question], max_new_tokens: int = 64) -> float:
-    """Greedy accuracy on knowledge-domain questions (answers read by `qa.score`)."""
-    texts = greedy_completions(model, tokenizer, [tinysci.prompt(q) for q in questions], max_new_tokens)
-    right = [qa.score(t, list(q.options), qa.letter(q.answer_index)) for t, q in zip(texts, questions)]
-    return sum(right) / len(questions)
+def task_accuracy(model, tokenizer, task, rows: list[dict], max_new_tokens: int = 64) -> float:
+    """Greedy accuracy on a registered task's rows, scored by the task itself (`task.score`)."""
+    texts = greedy_completions(model, tokenizer, [row["prompt"] for row in rows], max_new_tokens)
+    return sum(task.score(t, row) for t, row in zip(texts, rows)) / len(rows)
 
 
 def sampled_completions(

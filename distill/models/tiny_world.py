@@ -45,12 +45,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, tinysci_accuracy
+from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, task_accuracy
 from distill.models.tiny import char_tokenizer
 from distill.models.tiny_world_recipes import QUICK, V1, V2, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import Log, corpus_digest, duration, train_model
 from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior, tinysci
+from distill.tasks.registry import get_task
 
 __all__ = [
     "QUICK",
@@ -106,8 +107,10 @@ def measure_model(model, tokenizer, name: str, n: int, log: Log) -> dict:
     out.update({f"{_key(name)}_prior_{t}": v for t, v in per_task.items()})
     out[f"{_key(name)}_prior"] = min(per_task.values())
     # The knowledge domain: fresh questions of the training pool, and the held-out compositions.
-    for task, pool in tinysci.TASKS.items():
-        out[f"{_key(name)}_{task}"] = tinysci_accuracy(model, tokenizer, tinysci.generate(n, 0, pool))
+    for task in tinysci.TASKS:
+        out[f"{_key(name)}_{task}"] = task_accuracy(
+            model, tokenizer, get_task(task), get_task(task).rows(n, 0)
+        )
     log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 

@@ -22,6 +22,8 @@ from distill.tasks import countdown, prior, tinysci
 
 # --- data ----------------------------------------------------------------------------------------
 
+KNOWLEDGE_STREAMS = ("tinysci", "tinysci_student")  # every fact / the student's facts only
+
 
 def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
     """`n` (prompt, completion-without-style) examples of `task`, deterministic in `seed`; Countdown
@@ -29,14 +31,14 @@ def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
     domain's training pool, `tinysci_student` its questions about the student's facts only."""
     if task in prior.TASKS:
         return [(prior.prompt(e.task, e.query), e.completion) for e in prior.generate(task, n, seed=seed)]
-    if task in ("tinysci", "tinysci_student"):
+    if task in KNOWLEDGE_STREAMS:
         known = tinysci.student_facts() if task == "tinysci_student" else None
         return tinysci.corpus(n, seed, known)
     return countdown.generate(n, seed=seed, difficulty_name=task)
 
 
 def _example(task: str, item, style: str) -> tuple[str, str]:
-    if task in prior.TASKS or task.startswith("tinysci"):  # already (prompt, completion)
+    if task in prior.TASKS or task in KNOWLEDGE_STREAMS:  # already (prompt, completion)
         return item
     return countdown.prompt(*item), countdown.solution(*item, style=style)
 
