@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -31,8 +31,13 @@ tiny-world: ## install the CPU tiny world v2 (teacher, student, teacher-es, teac
 bench: ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
 	$(BIN)/python benchmarks/losses.py
 
-bench-decode: ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing (needs make tiny-world)
+bench-decode: ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing, compiled decoding (needs make tiny-world)
 	$(BIN)/python benchmarks/decode.py
+
+bench-step: ## step benchmark on the tiny world: distill vs TRL GKD vs a bare loop, on/off-policy (installs the bench extra: TRL)
+	$(BIN)/distill tiny-world
+	$(BIN)/pip install -e '.[bench]'
+	$(BIN)/python benchmarks/step.py
 
 bench-memory: ## memory benchmark: peak of a distillation step and an evaluation, full logits vs lean, V = 32k/128k/152k
 	$(BIN)/python benchmarks/memory.py

@@ -13,6 +13,9 @@ with no top-k/top-p, up to 96 new tokens, stopping rows at EOS like `generate` d
 - generate: `student.generate(do_sample=True)`
 - teacher:  `RolloutSampler(1, "sequence")` with `seed=` (the teacher's single decode)
 - mixing:   `RolloutSampler(0.5, "token")` with `seed=` (both models per step, a writer draw per token)
+- compiled, compiled-mixing: seeded and mixing again, on copies of the models marked by
+            `distill.rollout.compiled.compile_decoding` (static KV cache, `torch.compile`d decode
+            step; the warm-up round compiles); `--no-compile` leaves them out
 
 The variants run interleaved (seeded, unseeded, generate, teacher, mixing, seeded, ...) for
 `--rounds` rounds after one warm-up round, each round with its own seed, so that load from other
@@ -24,6 +27,7 @@ absolute numbers depend on the machine and are printed only as context.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import time
@@ -33,10 +37,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.rollout import RolloutSampler
+from distill.rollout.compiled import compile_decoding
 from distill.rollout.decoding import RowStreams, choose_tokens
 from distill.tasks import countdown
 
-VARIANTS = ("seeded", "unseeded", "generate", "teacher", "mixing")
+VARIANTS = ("seeded", "unseeded", "generate", "teacher", "mixing", "compiled", "compiled-mixing")
 
 
 def load(world: Path):
@@ -46,9 +51,13 @@ def load(world: Path):
     return tokenizer, *models
 
 
-def run_variant(name: str, student, teacher, enc, new_tokens: int, seed: int) -> dict:
-    """One timed rollout batch: wall seconds, generated tokens and decode steps."""
+def run_variant(name: str, student, teacher, enc, new_tokens: int, seed: int, compiled=None) -> dict:
+    """One timed rollout batch: wall seconds, generated tokens and decode steps. `compiled`: the
+    (student, teacher) copies the compiled variants decode with."""
     ids, mask = enc.input_ids, enc.attention_mask
+    if name.startswith("compiled"):
+        student, teacher = compiled
+        name = {"compiled": "seeded", "compiled-mixing": "mixing"}[name]
     start = time.perf_counter()
     if name == "generate":
         with torch.no_grad():
@@ -123,6 +132,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=7, help="timed interleaved rounds (after 1 warm-up)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled variants")
     args = parser.parse_args()
     load_avg = os.getloadavg()
     print(f"load average before (1/5/15 min): {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f}")
@@ -136,24 +146,34 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={args.batch}, prompt width "
         f"{enc.input_ids.shape[1]}, up to {args.new_tokens} new tokens, temperature 1, {args.rounds} rounds"
     )
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    variants = [v for v in VARIANTS if not (args.no_compile and v.startswith("compiled"))]
+    compiled = None
+    if not args.no_compile:
+        compiled = tuple(compile_decoding(copy.deepcopy(m)) for m in (student, teacher))
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds + 1):
-        for name in VARIANTS:
-            result = run_variant(name, student, teacher, enc, args.new_tokens, seed=r)
+        for name in variants:
+            result = run_variant(name, student, teacher, enc, args.new_tokens, seed=r, compiled=compiled)
             if r > 0:  # round 0 warms up
                 runs[name].append(result)
     tps = {v: statistics.median(x["tokens"] / x["seconds"] for x in rs) for v, rs in runs.items()}
     ms = {v: statistics.median(1e3 * x["seconds"] / x["steps"] for x in rs) for v, rs in runs.items()}
     steps = {v: statistics.median(x["steps"] for x in rs) for v, rs in runs.items()}
-    print(f"{'variant':<10} {'tokens/s':>9} {'ms/step':>8} {'steps':>6}")
-    for v in VARIANTS:
-        print(f"{v:<10} {tps[v]:>9.0f} {ms[v]:>8.2f} {steps[v]:>6.0f}")
+    print(f"{'variant':<16} {'tokens/s':>9} {'ms/step':>8} {'steps':>6}")
+    for v in variants:
+        print(f"{v:<16} {tps[v]:>9.0f} {ms[v]:>8.2f} {steps[v]:>6.0f}")
     print(f"seeded / generate tokens/s:  {tps['seeded'] / tps['generate']:.2f}  (target >= 1.3)")
     print(f"seeded / unseeded tokens/s:  {tps['seeded'] / tps['unseeded']:.2f}")
     print(f"seeded / generate ms/step:   {ms['seeded'] / ms['generate']:.2f}")
     print(
         f"mixing ms/step / (student + teacher single decodes): {ms['mixing'] / (ms['seeded'] + ms['teacher']):.2f}"
     )
+    if compiled is not None:
+        print(f"compiled / generate tokens/s: {tps['compiled'] / tps['generate']:.2f}  (target >= 1.3)")
+        print(f"compiled / seeded tokens/s:   {tps['compiled'] / tps['seeded']:.2f}")
+        print(
+            f"compiled mixing ms/step / (student + teacher single decodes): {ms['compiled-mixing'] / (ms['seeded'] + ms['teacher']):.2f}"
+        )
     vocab = min(student.config.vocab_size, teacher.config.vocab_size)
     draw = sampling_only(args.batch, vocab, args.new_tokens, args.rounds)
     print(f"sampling alone, B={args.batch} V={vocab}, per step (ratios to the keyed draw):")

@@ -33,6 +33,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.parallel import full_tensor, shard_model
+from distill.rollout.compiled import compile_decoding
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -97,6 +98,11 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             more forward pass; the same gradient.
         attn_implementation: attention kernel of both models, passed to `from_pretrained` (`eager`,
             `sdpa`, `flash_attention_2`, ...: the names transformers knows); None = its default.
+        compile_decoding: both models sample rollouts (training and measurement alike) with a
+            static KV cache and a `torch.compile`d decode step (`distill.rollout.compiled`): the
+            same tokens, faster decoding after a compile of tens of seconds per model (a second
+            compile when batch shapes first change); a model that fails to compile decodes
+            eagerly with a warning.
     """
 
     def __init__(
@@ -117,6 +123,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         eval_logit_budget_mb: float = 512.0,
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
+        compile_decoding: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
@@ -165,6 +172,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             self.teacher_path, hp.teacher_dtype, trainable=False, attn_implementation=hp.attn_implementation
         )
         vocab_size(self.tokenizer, self.student, self.teacher)  # both cover the tokenizer
+        if hp.compile_decoding:
+            compile_decoding(self.student)
+            compile_decoding(self.teacher)
 
     def on_train_start(self) -> None:
         # The Trainer restores each submodule's mode (Lightning >= 2.2): keep the teacher in eval.

@@ -57,6 +57,7 @@ from distill.rl.objective import (
     kl_penalty,
     reward_moments,
 )
+from distill.rollout.compiled import compile_decoding
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -106,8 +107,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         num_text_samples: completions per text log.
         max_nonfinite_steps: an optimiser step with a non-finite loss or gradient norm is skipped
             (counted as `train/nonfinite_steps`); this many in a row stop the run as diverged.
-        lean_logits, eval_logit_budget_mb, gradient_checkpointing, attn_implementation: as in
-            `DistillationModule`, the reference in the teacher's place. Log-probabilities are
+        lean_logits, eval_logit_budget_mb, gradient_checkpointing, attn_implementation,
+            compile_decoding: as in `DistillationModule`, the reference in the teacher's place
+            (it never decodes, so compiled decoding compiles the policy only). Log-probabilities are
             computed in chunks of positions (`distill.rl.logprobs`), as the divergences are.
     """
 
@@ -136,6 +138,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         eval_logit_budget_mb: float = 512.0,
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
+        compile_decoding: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -193,6 +196,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             self.reference = load_model(self.reference_path, hp.reference_dtype, trainable=False, **attn)
             models.append(self.reference)
         vocab_size(self.tokenizer, *models)
+        if hp.compile_decoding:
+            compile_decoding(self.student)
 
     def on_fit_start(self) -> None:
         data = self.trainer.datamodule

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from distill.errors import Diverged
 from distill.models.forward import forward_accepts
+from distill.rollout.compiled import compiled_step
 
 # One decode step's draws: rule(logits per model [b, V] float32, streams at this position)
 # -> (tokens [b], teacher_written [b] bool)
@@ -333,6 +334,10 @@ def decode(
     `(input_ids, attention_mask)` (same rows, any width) in place of `input_ids`: a teacher
     conditioned on a context the student does not see. Every model then reads the same
     generated tokens after its own prompt.
+
+    A model marked by `distill.rollout.compiled.compile_decoding` decodes with a static KV cache
+    (its attention mask laid out at full width, prompt plus budget, from the start) and its
+    compiled step after an eager prefill; the others with a cache that grows each step.
     """
     b, device = input_ids.shape[0], input_ids.device
     own = list(model_prompts) if model_prompts is not None else [None] * len(models)
@@ -346,6 +351,11 @@ def decode(
     caches: list[object] = [None] * len(models)
     calls = [_forward_kwargs(model) for model in models]
     forward_tokens = [int(m.sum()) for m in masks]
+    compiled = [compiled_step(model) for model in models]
+    for i, step in enumerate(compiled):
+        if step is not None:  # every slot the cache will hold; causality hides the future ones
+            caches[i] = step.new_cache(models[i], masks[i].shape[1] + max_new_tokens)
+            masks[i] = torch.cat([masks[i], masks[i].new_ones(b, max_new_tokens)], dim=-1)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     live = torch.zeros((), dtype=torch.long, device=device)  # tokens fed after the prompt, summed
     streams = streams.deferring()  # one host sync per step: the stop check below
@@ -355,7 +365,7 @@ def decode(
         for i, model in enumerate(models):
             cache_arg, keep_arg = calls[i]
             extra = {"logits_to_keep": 1} if keep_arg else {}
-            out = model(
+            inputs = dict(
                 input_ids=step_ids[i],
                 attention_mask=masks[i],
                 position_ids=step_positions[i],
@@ -363,7 +373,11 @@ def decode(
                 **{cache_arg: caches[i]},
                 **extra,
             )
-            caches[i] = _cache_of(out)
+            if compiled[i] is None:
+                out = model(**inputs)
+                caches[i] = _cache_of(out)
+            else:  # the static cache is written in place; the prefill (its width varies) runs eagerly
+                out = compiled[i](model, **inputs) if tokens else model(**inputs)
             logits.append(out.logits[:, -1, :vocab_size].float())
         next_ids, by_teacher = rule(logits, streams.at(len(tokens)))
         next_ids = next_ids.masked_fill(done, pad_token_id)
@@ -378,7 +392,9 @@ def decode(
         live = live + (~done).sum()
         step_ids = [next_ids[:, None]] * len(models)
         step_positions = [p[:, -1:] + 1 for p in step_positions]
-        masks = [torch.cat([m, m.new_ones(b, 1)], dim=-1) for m in masks]
+        masks = [
+            m if c is not None else torch.cat([m, m.new_ones(b, 1)], dim=-1) for m, c in zip(masks, compiled)
+        ]
     tokens_t = torch.stack(tokens, dim=1)
     written = torch.ones_like(tokens_t, dtype=torch.bool)
     # A position counts until (and including) the row's first EOS.

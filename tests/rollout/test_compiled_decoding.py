@@ -1,0 +1,130 @@
+"""Compiled decoding (static KV cache + torch.compile'd step) writes the tokens eager decoding does.
+
+torch.compile runs here with a recording backend that returns the captured graph unchanged: the
+static cache, the full-width mask and dynamo's capture of the step are what is tested (inductor's
+code generation is torch's; `benchmarks/decode.py` times it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from distill.rollout import RolloutSampler
+from distill.rollout.compiled import compile_decoding, compiled_step, uncompile_decoding
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()  # every test's models start with no compiled code cached
+    yield
+    torch._dynamo.reset()
+
+
+class Recording:
+    """A torch.compile backend that counts the graphs dynamo captured and runs them as captured."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def rollouts(sampler, student, teacher, prompts, compiled: bool, backend=None, **kwargs):
+    if compiled:
+        compile_decoding(student, backend=backend)
+        compile_decoding(teacher, backend=backend)
+    try:
+        return sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, **kwargs)
+    finally:
+        uncompile_decoding(student)
+        uncompile_decoding(teacher)
+
+
+def assert_same(a, b):
+    for name in ("input_ids", "attention_mask", "completion_mask", "teacher_token_mask"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert (a.student_forward_tokens, a.teacher_forward_tokens) == (
+        b.student_forward_tokens,
+        b.teacher_forward_tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    "mix, granularity, temperature",
+    # Sequence mixing decodes each writer's rows apart (two batch shapes: dynamo compiles again,
+    # with dynamic sizes); token mixing steps both models in one loop; greedy and seeded draws.
+    [(0.5, "sequence", 1.0), (0.5, "token", 0.0)],
+)
+def test_compiled_decoding_writes_the_eager_tokens(student, teacher, prompts, mix, granularity, temperature):
+    sampler = RolloutSampler(mix, granularity, max_new_tokens=7, temperature=temperature)
+    backend = Recording()
+    eager = rollouts(sampler, student, teacher, prompts, False, seed=4)
+    compiled = rollouts(sampler, student, teacher, prompts, True, backend, seed=4)
+    assert backend.graphs >= 1  # the decode steps did go through dynamo
+    assert_same(eager, compiled)
+    assert eager.completion_mask.sum(dim=1).max() > 1  # rows decoded several steps, not one
+
+
+def test_compiled_decoding_with_a_teacher_prompt_of_another_width(student, teacher, prompts, char_tok):
+    """The teacher reads a longer prompt of its own: each model's static cache has its own width."""
+    own = char_tok(["ctx: 12 34=46:", "ctx: 5 6=", "ctx: ab"], return_tensors="pt", padding=True)
+    sampler = RolloutSampler(0.5, "token", max_new_tokens=6, temperature=1.0)
+    extra = dict(seed=2, teacher_input_ids=own.input_ids, teacher_attention_mask=own.attention_mask)
+    eager = rollouts(sampler, student, teacher, prompts, False, **extra)
+    compiled = rollouts(sampler, student, teacher, prompts, True, Recording(), **extra)
+    assert_same(eager, compiled)
+    assert torch.equal(eager.teacher_input_ids, compiled.teacher_input_ids)
+
+
+def test_a_failing_compile_falls_back_to_eager_with_a_warning(student, teacher, prompts):
+    def broken(gm, example_inputs):
+        raise RuntimeError("no C++ compiler here")
+
+    sampler = RolloutSampler(0.0, "sequence", max_new_tokens=6, temperature=1.0)
+    eager = rollouts(sampler, student, teacher, prompts, False, seed=3)
+    compile_decoding(student, backend=broken)
+    try:
+        with pytest.warns(RuntimeWarning, match="compiled decoding failed for .*no C\\+\\+ compiler"):
+            got = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
+        assert compiled_step(student).failed is not None
+        assert_same(eager, got)
+    finally:
+        uncompile_decoding(student)
+
+
+def test_compile_decoding_refuses_a_model_without_a_kv_cache():
+    with pytest.raises(ValueError, match="needs a Hugging Face causal LM.*Linear"):
+        compile_decoding(nn.Linear(2, 2))
+
+
+def _save(path, seed: int):
+    from transformers import LlamaForCausalLM
+
+    from distill.models.tiny import char_tokenizer, llama_config
+
+    torch.manual_seed(seed)
+    LlamaForCausalLM(llama_config(vocab_size=112, hidden_size=32, num_layers=1, num_heads=2)).save_pretrained(
+        path
+    )
+    char_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_the_module_options_compile_the_models_that_decode(tmp_path):
+    from distill.module import DistillationModule
+    from distill.rl import GRPOModule
+
+    student, teacher = _save(tmp_path / "s", 1), _save(tmp_path / "t", 2)
+    module = DistillationModule(student, teacher, compile_decoding=True)
+    module.load_models()
+    assert compiled_step(module.student) is not None and compiled_step(module.teacher) is not None
+    plain = DistillationModule(student, teacher)
+    plain.load_models()
+    assert compiled_step(plain.student) is None and compiled_step(plain.teacher) is None
+    policy = GRPOModule(student, compile_decoding=True)
+    policy.load_models()
+    assert compiled_step(policy.student) is not None and compiled_step(policy.reference) is None
