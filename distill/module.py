@@ -338,7 +338,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             [get_task(task).score(t, r) for t, r in zip(texts, rows)], device=rollout.input_ids.device
         )
         self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
-        self.chance_figure(prefix, task, len(rows), scores.device)
+        self.chance_figure(prefix, task, rows, scores.device)
         sums, count = completion_statistics(
             self.student,
             self.teacher,

@@ -30,6 +30,7 @@ from distill.losses.functional import STATISTICS
 from distill.models.forward import causal_logits, completion_width, row_chunks
 from distill.parallel import gathered
 from distill.rollout import RolloutBatch
+from distill.tasks import qa
 from distill.tasks.registry import get_task
 
 
@@ -194,12 +195,14 @@ class EvalFigures:
             figures[name] = RatioOfSums().to(numerator.device)
         figures[name].update(numerator, torch.as_tensor(denominator, device=numerator.device))
 
-    def chance_figure(self, prefix: str, task: str, n: int, device) -> None:
-        """`<prefix>/<task>/chance`, the accuracy of a uniform guess, for tasks that have one
-        (multiple choice), so that reports can show it beside the accuracy."""
+    def chance_figure(self, prefix: str, task: str, rows: list[dict], device) -> None:
+        """`<prefix>/<task>/chance`, the accuracy of a uniform guess over the `rows` evaluated
+        (1 / options per row, free-form rows 0; rows without options take the task's `chance`),
+        for tasks that have one (multiple choice), so that reports can show it beside the accuracy."""
         chance = getattr(get_task(task), "chance", None)
         if chance is not None:
-            self.eval_figure(f"{prefix}/{task}/chance", torch.tensor(float(chance) * n, device=device), n)
+            total = sum(qa.chance(row["options"]) if "options" in row else float(chance) for row in rows)
+            self.eval_figure(f"{prefix}/{task}/chance", torch.tensor(total, device=device), len(rows))
 
     def _log_eval_figures(self, prefix: str) -> None:
         """Log the figures of the stage that ends (`prefix`: "val" or "test") and drop them, so the

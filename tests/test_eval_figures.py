@@ -64,3 +64,23 @@ def test_ratio_of_sums_is_zero_when_nothing_was_counted():
     metric.update(torch.tensor(3.0), torch.tensor(4.0))
     metric.update(torch.tensor(float("nan")), torch.tensor(1.0))  # a diverged figure stays visible
     assert torch.isnan(metric.compute())
+
+
+def test_the_chance_level_is_that_of_the_rows_evaluated(tmp_path, monkeypatch):
+    """Four-option and two-option rows and a free-form one: the logged chance is their mean over
+    the rows evaluated, not the task's over all its items."""
+    from distill.tasks import registry
+
+    class MixedChoice:
+        name = "mixed_choice_test"
+        chance = 0.99  # the whole dataset's figure: must not be what is logged
+
+    rows = [{"options": ["a", "b", "c", "d"]}, {"options": ["a", "b"]}, {"options": []}]
+
+    class _Guesser(_Scorer):
+        def _evaluate(self, batch, prefix):
+            self.chance_figure(prefix, MixedChoice.name, rows, batch.device)
+
+    monkeypatch.setitem(registry.TASKS, MixedChoice.name, MixedChoice())
+    logged = _validate(_Guesser(), tmp_path)
+    assert logged["val/mixed_choice_test/chance"] == pytest.approx((1 / 4 + 1 / 2 + 0) / 3)

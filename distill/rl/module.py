@@ -397,7 +397,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         rollout, rows, task = batch["rollout"], batch["rows"], batch["task"]
         scores, _ = self.rewards(batch)
         self.eval_figure(f"{prefix}/{task}/accuracy", scores.sum(), len(rows))
-        self.chance_figure(prefix, task, len(rows), scores.device)
+        self.chance_figure(prefix, task, rows, scores.device)
         if self.reference is None:
             return
         hp = self.hparams

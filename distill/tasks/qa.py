@@ -79,6 +79,11 @@ def shuffle_options(question: str, options: list[str], answer_index: int, seed: 
     return Shuffled([options[i] for i in order], order.index(answer_index))
 
 
+def chance(options: list[str] | tuple[str, ...]) -> float:
+    """Accuracy of a uniform guess among `options`; 0 for a free-form question (none)."""
+    return 1 / len(options) if options else 0.0
+
+
 def letter(index: int) -> str:
     return LETTERS[index]
 

@@ -227,10 +227,11 @@ class QATask:
 
     @property
     def chance(self) -> float:
-        """Accuracy of a uniform guess among the options (free-form questions count 0)."""
+        """Accuracy of a uniform guess among the options over every item (free-form questions
+        count 0); what a run logs is the same over the rows it evaluated (`qa.chance` per row)."""
         if not self.items:
             return 0.0
-        return sum(1 / len(i.options) if i.options else 0.0 for i in self.items) / len(self.items)
+        return sum(qa.chance(i.options) for i in self.items) / len(self.items)
 
     def _row(self, item: Item) -> dict:
         options = list(item.options)
