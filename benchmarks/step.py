@@ -135,6 +135,13 @@ def run_distill(paths, off_policy: bool, args, seed: int, compiled: bool = False
         callbacks=[Timer()],
     )
     trainer.fit(module, data)
+    if compiled:  # a failed compile decodes eagerly (a warning, silenced here): say so
+        from distill.rollout.compiled import compiled_step
+
+        for role in ("student", "teacher"):
+            failed = compiled_step(getattr(module, role)).failed
+            if failed:
+                print(f"note: the {role}'s compiled decoding fell back to eager ({failed})")
     return step_seconds(ends, args.warmup), statistics.mean(tokens[args.warmup :])
 
 

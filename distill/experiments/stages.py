@@ -180,7 +180,8 @@ def build_staged_report(
     """Each stage's report under `out/<stage>/`, then `out/report.md` with the before/after sections."""
     sweep_dir, out = Path(sweep_dir), Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Sweep report: {sweep_dir.name} (chained stages)", ""]
+    kind = "chained stages" if any(stage.get("after") for stage in stages) else "stages"
+    lines = [f"# Sweep report: {sweep_dir.name} ({kind})", ""]
     records: dict[str, list[RunRecord]] = {}
     first = sweep_dir / stages[0]["name"]  # where the sweep runner puts the references
     for stage in stages:
