@@ -96,6 +96,8 @@ def run_distill(paths, off_policy: bool, args, seed: int, compiled: bool = False
     from distill.module import DistillationModule
 
     ends, tokens = [], []
+    if compiled:  # fresh models: drop the previous runs' compiled code (dynamo's recompile limit)
+        torch._dynamo.reset()
 
     class Timer(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
