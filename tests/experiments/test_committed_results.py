@@ -63,3 +63,38 @@ def test_committed_staged_rlvr_report_regenerates(tmp_path):
         expected = (committed / stage / "report.md").read_text().splitlines()
         assert regenerated[:2] + regenerated[3:] == expected[:2] + expected[3:]  # line 3: the directory read
     assert "### mix=0 − mix=1 (on − off-policy) before and after" in (committed / "report.md").read_text()
+
+
+def test_robustness_comparison_pairs_each_stage_with_the_grid(capsys):
+    """experiments/compare_robustness.py's paired shift (stage − grid at lr 1e-3, same mix,
+    divergence and seed) equals the mean of the differences read straight from metrics.json."""
+    import importlib.util
+    import json
+    import math
+
+    path = ROOT.parent / "compare_robustness.py"
+    spec = importlib.util.spec_from_file_location("compare_robustness", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([]) == 0
+    out = capsys.readouterr().out
+
+    def cells(directory, lr=None):
+        found = {}
+        for run in directory.iterdir():
+            if not (run / "metrics.json").is_file():
+                continue
+            s = json.loads((run / "settings.json").read_text())["settings"]
+            if lr is not None and not math.isclose(s["lr"], lr):
+                continue
+            key = (s["divergence"], float(s["mix"]), s["seed"])
+            found[key] = json.loads((run / "metrics.json").read_text())["metrics"]["test/countdown3/accuracy"]
+        return found
+
+    grid = cells(ROOT / "tiny_grid", lr=1e-3)
+    stage = cells(ROOT / "tiny_robustness" / "no_clip")
+    assert len(stage) == 12 and set(stage) <= set(grid)
+    shift = 100 * sum(stage[k] - grid[k] for k in stage) / len(stage)
+    section = out.split("### `no_clip`")[1].split("###")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| C3 accuracy |"))
+    assert row.split("|")[2].strip().startswith(f"{shift:+.1f} pp [")
