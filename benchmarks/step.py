@@ -4,7 +4,8 @@ Run:  .venv/bin/python benchmarks/step.py                 # make bench-step; TRL
       .venv/bin/python benchmarks/step.py --rounds 3 --steps 8
 
 Every contender trains the same tiny-world student against the same frozen teacher on batches of
-`--batch` Countdown-3 prompts: it samples completions (up to `--new-tokens` at temperature 1, no
+`--batch` Countdown-3 prompts (the same distribution of prompts; distill draws its own batches from
+its training split, the others take `countdown.generate`'s): it samples completions (up to `--new-tokens` at temperature 1, no
 top-k/top-p, rows stopping at EOS), scores them with both models, takes the per-token forward
 KL(teacher||student) over the completion tokens, backpropagates, clips the gradient norm at 1.0 and
 steps AdamW (lr `--lr`, no weight decay). On-policy the student writes the completions; off-policy
@@ -221,7 +222,9 @@ def run_trl(paths, off_policy: bool, args, seed: int, defaults: bool = False) ->
 
     class Counting(GKDTrainer):
         def training_step(self, model, inputs, num_items_in_batch=None):
-            loss = super().training_step(model, inputs, num_items_in_batch)
+            # None: GKD then divides by the generated completion tokens (a per-token mean, as
+            # distill and the bare loop take); the Trainer's count came from the collated prompts.
+            loss = super().training_step(model, inputs, None)
             labels = inputs["labels"][:, 1:]
             tokens.append(float((labels != -100).sum()) / labels.shape[0])
             return loss
@@ -241,6 +244,7 @@ def run_trl(paths, off_policy: bool, args, seed: int, defaults: bool = False) ->
         temperature=1.0,
         max_new_tokens=args.new_tokens,
         use_cpu=True,
+        bf16=False,  # SFTConfig's default is bf16 autocast; distill and the bare loop run float32
         seed=seed,
         report_to=[],
         save_strategy="no",

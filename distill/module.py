@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -32,8 +33,8 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.parallel import full_tensor, shard_model
-from distill.rollout.compiled import compile_decoding
+from distill.parallel import full_tensor, is_sharded, shard_model
+from distill.rollout.compiled import compile_decoding, compiled_step, uncompile_decoding
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -100,9 +101,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             `sdpa`, `flash_attention_2`, ...: the names transformers knows); None = its default.
         compile_decoding: both models sample rollouts (training and measurement alike) with a
             static KV cache and a `torch.compile`d decode step (`distill.rollout.compiled`): the
-            same tokens, faster decoding after a compile of tens of seconds per model (a second
-            compile when batch shapes first change); a model that fails to compile decodes
-            eagerly with a warning.
+            same sampling, faster decoding after a compile of tens of seconds per model (another
+            when batch shapes first change); a model that fails to compile, and a student sharded
+            with FSDP2, decode eagerly with a warning.
     """
 
     def __init__(
@@ -158,6 +159,11 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         if self.student is None:
             self.load_models()
         shard_model(self.student, self.device_mesh, "model.student")  # FSDP2 under ModelParallelStrategy
+        if is_sharded(self.student) and compiled_step(self.student) is not None:
+            uncompile_decoding(self.student)  # untested under FSDP2's hooks: decode it eagerly
+            warnings.warn(
+                "model.compile_decoding: the student is sharded (FSDP2), so it decodes eagerly", stacklevel=2
+            )
 
     def load_models(self) -> None:
         hp = self.hparams

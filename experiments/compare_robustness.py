@@ -65,6 +65,8 @@ def fmt(effect, metric: str) -> str:
     point = (
         f"{scale * effect.difference:+.2f}{unit}" if scale == 1 else f"{scale * effect.difference:+.1f}{unit}"
     )
+    if not effect.paired:
+        point += " unpaired"
     if math.isnan(effect.low):
         return f"{point} (n={effect.n})"
     digits = 2 if scale == 1 else 1

@@ -1,28 +1,38 @@
 """Compiled decoding (opt-in): a static KV cache and a `torch.compile`d decode step per model.
 
 `compile_decoding(model)` marks a Hugging Face causal LM so that `decoding.decode` runs its decode
-steps (one new token per row) through `torch.compile(model.forward)` over a
+steps (one new token per row) through `torch.compile(model.forward, fullgraph=True)` over a
 `transformers.StaticCache` sized for the prompt plus the token budget. The cache is written in
 place instead of growing by concatenation each step, and the compiled step fuses the model's many
 small kernels, which is most of a small model's decode time on CPU. The prefill stays eager: its
 width changes with every batch.
 
+The attention mask is laid out at full width from the start: the prompt's mask, then zeros for the
+generated slots, each set to one just before the token that fills it is fed (so every attention
+kernel, FlashAttention's included, sees exactly the tokens written so far).
+
 Shapes: the first compile is for the shapes met first; a new batch size or cache length (sequence
 mixing decodes each writer's rows apart; evaluation batches differ) compiles once more with dynamic
-sizes (torch's automatic dynamic shapes), after which shapes no longer trigger compiles. Expect tens
-of seconds per model for the first two compiles with the inductor backend on CPU. Greedy and seeded
-decoding give the same tokens as eager decoding (tested).
+sizes (torch's automatic dynamic shapes), after which shapes no longer trigger compiles (a batch of
+one row is specialised once more). Expect tens of seconds per model for each of these compiles with
+the inductor backend on CPU.
 
-Fallback: when a compiled step raises (no C++ compiler, a Python torch.compile does not support,
-a graph inductor cannot build), a warning names the error and that model decodes eagerly from then
-on, still with its static cache: the same tokens, only slower. CUDA graphs (`mode="reduce-overhead"`)
-are not chosen for you: pass `mode` yourself on GPUs.
+Tokens: under dynamo the captured step computes what eager decoding does (the tests compare tokens
+through a pass-through backend); inductor's fused kernels may round differently, so a near-tied
+draw can occasionally go the other way: the same sampling distribution, not always the same bits.
+The teacher-rollout cache does not tell compiled from eager rows apart for that reason.
+
+Fallback: when a compiled step raises (no C++ compiler, a Python torch.compile does not support, a
+graph break, dynamo's recompile limit), a warning names the error and that model decodes eagerly
+from then on, still with its static cache, only slower. `fullgraph=True` makes such failures happen
+before the step runs, so the cache is untouched when the eager step retries it. CUDA graphs
+(`mode="reduce-overhead"`) are not supported: every rollout batch gets a new cache, so the graphs
+would be recorded again for each.
 """
 
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -30,26 +40,27 @@ from torch import nn
 
 from distill.models.forward import forward_accepts
 
-_STEPS: weakref.WeakKeyDictionary[nn.Module, CompiledStep] = weakref.WeakKeyDictionary()
+_ATTRIBUTE = "_distill_compiled_step"  # on the model itself: freed with it
 
 
 class CompiledStep:
     """One model's compiled decode step; eager from its first failure on."""
 
     def __init__(self, model: nn.Module, backend: str | Callable, mode: str | None):
-        self.forward = torch.compile(model.forward, backend=backend, mode=mode)
+        self.forward = torch.compile(model.forward, backend=backend, mode=mode, fullgraph=True)
         self.backend = backend
         self.failed: str | None = None  # the error that switched this model to eager decoding
 
     def __call__(self, model: nn.Module, **kwargs):
         if self.failed is None:
-            try:
-                return self.forward(**kwargs)
-            except Exception as err:  # a compile (or compiled-run) failure: the eager step decides
+            try:  # past the recompile limit dynamo would run eagerly without a word: raise instead
+                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                    return self.forward(**kwargs)
+            except Exception as err:  # a compile failure: the eager step decides
                 self.failed = describe(err)
                 warnings.warn(
                     f"compiled decoding failed for {type(model).__name__} ({self.failed}); it decodes "
-                    "eagerly from now on (same tokens, slower)",
+                    "eagerly from now on (slower)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -77,9 +88,9 @@ def compile_decoding(
 ) -> nn.Module:
     """Decode `model` with a static KV cache and a compiled step from now on (returns `model`).
 
-    `backend` and `mode` go to `torch.compile` ("eager" traces the graph without generating code:
-    what the tests use). Raises ValueError for a model that is not a Hugging Face causal LM with a
-    KV-cache argument (a static cache needs the model's config).
+    `backend` and `mode` go to `torch.compile` ("eager" traces the graph without generating code).
+    Raises ValueError for a model that is not a Hugging Face causal LM with a KV-cache argument (a
+    static cache needs the model's config).
     """
     has_cache = forward_accepts(model, "cache") or forward_accepts(model, "past_key_values")
     if getattr(model, "config", None) is None or not has_cache:
@@ -87,15 +98,15 @@ def compile_decoding(
             f"compiled decoding needs a Hugging Face causal LM (a `config` and a KV-cache argument), "
             f"got {type(model).__name__}"
         )
-    _STEPS[model] = CompiledStep(model, backend, mode)
+    object.__setattr__(model, _ATTRIBUTE, CompiledStep(model, backend, mode))
     return model
 
 
 def compiled_step(model: nn.Module) -> CompiledStep | None:
     """`model`'s compiled decode step, or None when it decodes eagerly with a growing cache."""
-    return _STEPS.get(model)
+    return model.__dict__.get(_ATTRIBUTE)
 
 
 def uncompile_decoding(model: nn.Module) -> None:
     """Back to eager decoding with a growing cache (a no-op for a model never compiled)."""
-    _STEPS.pop(model, None)
+    model.__dict__.pop(_ATTRIBUTE, None)

@@ -336,8 +336,9 @@ def decode(
     generated tokens after its own prompt.
 
     A model marked by `distill.rollout.compiled.compile_decoding` decodes with a static KV cache
-    (its attention mask laid out at full width, prompt plus budget, from the start) and its
-    compiled step after an eager prefill; the others with a cache that grows each step.
+    and its compiled step after an eager prefill; its attention mask is laid out at full width
+    (prompt plus budget) from the start, each generated slot switched on just before its token is
+    fed. The others decode with a cache and a mask that grow each step.
     """
     b, device = input_ids.shape[0], input_ids.device
     own = list(model_prompts) if model_prompts is not None else [None] * len(models)
@@ -352,10 +353,11 @@ def decode(
     calls = [_forward_kwargs(model) for model in models]
     forward_tokens = [int(m.sum()) for m in masks]
     compiled = [compiled_step(model) for model in models]
+    widths = [m.shape[1] for m in masks]  # each model's prompt width
     for i, step in enumerate(compiled):
-        if step is not None:  # every slot the cache will hold; causality hides the future ones
-            caches[i] = step.new_cache(models[i], masks[i].shape[1] + max_new_tokens)
-            masks[i] = torch.cat([masks[i], masks[i].new_ones(b, max_new_tokens)], dim=-1)
+        if step is not None:  # every slot the cache will hold, none of the generated ones yet
+            caches[i] = step.new_cache(models[i], widths[i] + max_new_tokens)
+            masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, max_new_tokens)], dim=-1)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     live = torch.zeros((), dtype=torch.long, device=device)  # tokens fed after the prompt, summed
     streams = streams.deferring()  # one host sync per step: the stop check below
@@ -392,9 +394,11 @@ def decode(
         live = live + (~done).sum()
         step_ids = [next_ids[:, None]] * len(models)
         step_positions = [p[:, -1:] + 1 for p in step_positions]
-        masks = [
-            m if c is not None else torch.cat([m, m.new_ones(b, 1)], dim=-1) for m, c in zip(masks, compiled)
-        ]
+        for i, c in enumerate(compiled):
+            if c is None:
+                masks[i] = torch.cat([masks[i], masks[i].new_ones(b, 1)], dim=-1)
+            else:  # the slot the token just written is fed into (in place: the shape stays static)
+                masks[i][:, widths[i] + len(tokens) - 1] = 1
     tokens_t = torch.stack(tokens, dim=1)
     written = torch.ones_like(tokens_t, dtype=torch.bool)
     # A position counts until (and including) the row's first EOS.

@@ -7,6 +7,8 @@ code generation is torch's; `benchmarks/decode.py` times it).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -38,7 +40,12 @@ def rollouts(sampler, student, teacher, prompts, compiled: bool, backend=None, *
         compile_decoding(student, backend=backend)
         compile_decoding(teacher, backend=backend)
     try:
-        return sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager fails the test
+            out = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, **kwargs)
+        if compiled:
+            assert compiled_step(student).failed is None and compiled_step(teacher).failed is None
+        return out
     finally:
         uncompile_decoding(student)
         uncompile_decoding(teacher)
@@ -80,6 +87,52 @@ def test_compiled_decoding_with_a_teacher_prompt_of_another_width(student, teach
     assert torch.equal(eager.teacher_input_ids, compiled.teacher_input_ids)
 
 
+def test_the_mask_shows_each_step_exactly_the_slots_written(student, teacher, prompts):
+    """Full width from the start: the prompt's mask, then ones up to the slot being fed, zeros
+    after (FlashAttention reads the 2-D mask as it is, with no causal offset to hide the rest)."""
+    sampler = RolloutSampler(0.0, "sequence", max_new_tokens=5, temperature=1.0)
+    compile_decoding(student, backend=Recording())
+    step = compiled_step(student)
+    seen, real = [], step.forward
+
+    def recording(**kwargs):
+        seen.append(kwargs["attention_mask"].clone())
+        return real(**kwargs)
+
+    step.forward = recording
+    try:
+        sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=0)
+    finally:
+        uncompile_decoding(student)
+    width = prompts.input_ids.shape[1]
+    assert len(seen) == 4  # the prefill is eager; steps 1-4 feed tokens 0-3
+    for t, mask in enumerate(seen, start=1):
+        assert mask.shape == (3, width + 5)
+        assert torch.equal(mask[:, :width], prompts.attention_mask)
+        assert bool((mask[:, width : width + t] == 1).all()) and bool((mask[:, width + t :] == 0).all())
+
+
+def test_one_model_decodes_batches_of_other_shapes(student, teacher, prompts):
+    """Another batch size and prompt width for the same compiled model (dynamo compiles again
+    with dynamic sizes), one row included: still the eager tokens."""
+    sampler = RolloutSampler(0.0, "sequence", max_new_tokens=5, temperature=1.0)
+    backend = Recording()
+    compile_decoding(student, backend=backend)
+    try:
+        for rows in ([0, 1, 2], [1, 2], [2]):
+            sub = {k: v[rows] for k, v in prompts.items()}
+            got = sampler.sample(student, teacher, sub["input_ids"], sub["attention_mask"], seed=1)
+            assert compiled_step(student).failed is None
+            step = compiled_step(student)
+            uncompile_decoding(student)
+            want = sampler.sample(student, teacher, sub["input_ids"], sub["attention_mask"], seed=1)
+            object.__setattr__(student, "_distill_compiled_step", step)
+            assert torch.equal(got.input_ids, want.input_ids)
+    finally:
+        uncompile_decoding(student)
+    assert backend.graphs >= 2
+
+
 def test_a_failing_compile_falls_back_to_eager_with_a_warning(student, teacher, prompts):
     def broken(gm, example_inputs):
         raise RuntimeError("no C++ compiler here")
@@ -92,6 +145,24 @@ def test_a_failing_compile_falls_back_to_eager_with_a_warning(student, teacher, 
             got = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
         assert compiled_step(student).failed is not None
         assert_same(eager, got)
+    finally:
+        uncompile_decoding(student)
+
+
+def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(
+    student, teacher, prompts, monkeypatch
+):
+    """Past dynamo's recompile limit it would run the step eagerly without a word; here it says so."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    sampler = RolloutSampler(0.0, "sequence", max_new_tokens=4, temperature=1.0)
+    compile_decoding(student, backend=Recording())
+    try:
+        sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=0)
+        assert compiled_step(student).failed is None
+        one = {k: v[[2]] for k, v in prompts.items()}  # a new shape needs a second graph
+        with pytest.warns(RuntimeWarning, match="compiled decoding failed"):
+            sampler.sample(student, teacher, one["input_ids"], one["attention_mask"], seed=0)
+        assert "recompile" in compiled_step(student).failed.lower()
     finally:
         uncompile_decoding(student)
 
