@@ -89,7 +89,9 @@ def completion_mask(generated: torch.Tensor) -> torch.Tensor:
 # --- contenders: each returns (median step seconds, completion tokens per row) ----------------------
 
 
-def run_distill(paths, off_policy: bool, args, seed: int, compiled: bool = False) -> tuple[float, float]:
+def run_distill(
+    paths, off_policy: bool, args, seed: int, compiled: bool = False, phases=None
+) -> tuple[float, float]:
     import lightning as L
 
     from distill.data import RolloutDataModule
@@ -104,6 +106,16 @@ def run_distill(paths, off_policy: bool, args, seed: int, compiled: bool = False
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             ends.append(time.perf_counter())
             tokens.append(float(batch["rollout"].completion_mask.sum()) / batch["rollout"].input_ids.shape[0])
+            if phases is not None and len(ends) > args.warmup + 1:  # the steps that are timed
+                step = outputs["step"]
+                phases.append(
+                    {
+                        "rollout": step.rollout.rollout_seconds,
+                        "teacher forward": step.cost.teacher_forward_s,
+                        "student fwd+bwd+update": step.cost.student_forward_backward_s,
+                        "step": ends[-1] - ends[-2],
+                    }
+                )
 
     module = DistillationModule(
         student=str(paths[0]),
@@ -148,7 +160,7 @@ def run_distill(paths, off_policy: bool, args, seed: int, compiled: bool = False
     return step_seconds(ends, args.warmup), statistics.mean(tokens[args.warmup :])
 
 
-def run_bare(paths, off_policy: bool, args, seed: int) -> tuple[float, float]:
+def run_bare(paths, off_policy: bool, args, seed: int, phases=None) -> tuple[float, float]:
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(paths[0], padding_side="left")
     student = AutoModelForCausalLM.from_pretrained(paths[0])
@@ -164,6 +176,7 @@ def run_bare(paths, off_policy: bool, args, seed: int) -> tuple[float, float]:
             add_special_tokens=False,
         )
         writer = teacher if off_policy else student
+        t0 = time.perf_counter()
         student.eval()
         with torch.no_grad():
             out = writer.generate(
@@ -178,12 +191,14 @@ def run_bare(paths, off_policy: bool, args, seed: int) -> tuple[float, float]:
                 pad_token_id=PAD,
             )
         student.train()
+        t1 = time.perf_counter()
         p = enc.input_ids.shape[1]
         written = completion_mask(out[:, p:])
         mask = torch.cat([enc.attention_mask, written.long()], dim=1)
-        s_logits = student(input_ids=out, attention_mask=mask).logits[:, p - 1 : -1]
         with torch.no_grad():
             t_logits = teacher(input_ids=out, attention_mask=mask).logits[:, p - 1 : -1]
+        t2 = time.perf_counter()
+        s_logits = student(input_ids=out, attention_mask=mask).logits[:, p - 1 : -1]
         kl = F.kl_div(s_logits.log_softmax(-1), t_logits.log_softmax(-1), reduction="none", log_target=True)
         loss = kl.sum(-1)[written].mean()
         loss.backward()
@@ -192,6 +207,15 @@ def run_bare(paths, off_policy: bool, args, seed: int) -> tuple[float, float]:
         optimizer.zero_grad(set_to_none=True)
         ends.append(time.perf_counter())
         tokens.append(float(written.sum()) / args.batch)
+        if phases is not None and len(ends) > args.warmup + 1:
+            phases.append(
+                {
+                    "rollout": t1 - t0,
+                    "teacher forward": t2 - t1,
+                    "student fwd+bwd+update": ends[-1] - t2,
+                    "step": ends[-1] - ends[-2],
+                }
+            )
     return step_seconds(ends, args.warmup), statistics.mean(tokens[args.warmup :])
 
 
@@ -275,6 +299,22 @@ def run_trl(paths, off_policy: bool, args, seed: int, defaults: bool = False) ->
     return step_seconds(ends, args.warmup), statistics.mean(tokens[args.warmup :])
 
 
+def print_profile(profile: dict[str, list[dict]]) -> None:
+    """Median seconds per phase of the timed steps (pooled over rounds); `other` is the rest of the
+    step: the loss's statistics, clipping, Lightning's loop, the data pipeline."""
+    names = ("rollout", "teacher forward", "student fwd+bwd+update")
+    print(f"where a step goes (median s): {' | '.join(names)} | other | step")
+    for contender, steps in profile.items():
+        if not steps:
+            continue
+        medians = [statistics.median(p[n] for p in steps) for n in names]
+        step = statistics.median(p["step"] for p in steps)
+        other = statistics.median(p["step"] - sum(p[n] for n in names) for p in steps)
+        print(
+            f"  {contender:<17} " + " | ".join(f"{m:.3f}" for m in medians) + f" | {other:.3f} | {step:.3f}"
+        )
+
+
 def have_trl() -> bool:
     try:
         import trl.experimental.gkd  # noqa: F401
@@ -327,8 +367,12 @@ def main() -> None:
         )
         for policy in policies:
             off = policy == "off"
-            contenders = {"distill": run_distill, "distill-compiled": partial(run_distill, compiled=True)}
-            contenders["bare"] = run_bare
+            profile = {name: [] for name in ("distill", "distill-compiled", "bare")}
+            contenders = {
+                "distill": partial(run_distill, phases=profile["distill"]),
+                "distill-compiled": partial(run_distill, compiled=True, phases=profile["distill-compiled"]),
+                "bare": partial(run_bare, phases=profile["bare"]),
+            }
             if trl:
                 contenders["trl"] = run_trl
                 if not off:
@@ -359,6 +403,7 @@ def main() -> None:
             if "trl" in runs:
                 print(f"distill-compiled / trl:          {fast / trl_s:.2f}")
             print(f"distill-compiled / bare loop:    {fast / bare_s:.2f}")
+            print_profile(profile)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
