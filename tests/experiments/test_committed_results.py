@@ -1,7 +1,7 @@
 """Committed sweep archives regenerate with `distill report`: the tiny-world v1 study
 (`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`), the v2
 run-length sizing (`experiments/results/v2_sizing`) and the v2 study's main grid and style sweep
-(`experiments/results/tiny_grid`, `tiny_style`); the staged RLVR archive below."""
+(`experiments/results/tiny_grid`, `tiny_style`); the staged archives (RLVR, robustness) below."""
 
 from __future__ import annotations
 
@@ -49,20 +49,29 @@ def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_run
     )
 
 
-def test_committed_staged_rlvr_report_regenerates(tmp_path):
-    results = ROOT / "tiny_rlvr"
-    for stage, n_runs in (("distill", 8), ("grpo", 8)):
+@pytest.mark.parametrize(
+    ("name", "stages", "chained"),
+    [
+        ("tiny_rlvr", {"distill": 8, "grpo": 8}, True),
+        ("tiny_robustness", {"no_clip": 12, "topk": 12, "longchain": 12}, False),
+    ],
+)
+def test_committed_staged_report_regenerates(tmp_path, name, stages, chained):
+    results = ROOT / name
+    for stage, n_runs in stages.items():
         assert len([p for p in (results / stage).iterdir() if (p / "metrics.json").is_file()]) == n_runs
     out = tmp_path / "report"
     assert main([str(results), "--out", str(out)]) == 0
     committed = results / "report"
     assert (out / "report.md").read_text() == (committed / "report.md").read_text()
-    for stage in ("distill", "grpo"):
+    for stage in stages:
         assert (out / stage / "runs.csv").read_text() == (committed / stage / "runs.csv").read_text()
         regenerated = (out / stage / "report.md").read_text().splitlines()
         expected = (committed / stage / "report.md").read_text().splitlines()
         assert regenerated[:2] + regenerated[3:] == expected[:2] + expected[3:]  # line 3: the directory read
-    assert "### mix=0 − mix=1 (on − off-policy) before and after" in (committed / "report.md").read_text()
+    top = (committed / "report.md").read_text()
+    assert ("### mix=0 − mix=1 (on − off-policy) before and after" in top) is chained
+    assert top.startswith(f"# Sweep report: {name} ({'chained stages' if chained else 'stages'})")
 
 
 def test_robustness_comparison_pairs_each_stage_with_the_grid(capsys):
