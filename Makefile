@@ -54,7 +54,7 @@ sweep-tiny: ## the study's main grid on tiny world v2 (60 runs + references; mea
 	$(BIN)/distill report experiments/results/tiny_grid
 	@echo "report: experiments/results/tiny_grid/report/report.md"
 
-sweep-robustness: ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; about 2.5-3 h on 2 cores by the runs so far, resumable)
+sweep-robustness: ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; measured about 3.3 h with 2 jobs on 2 cores, resumable), archived in experiments/results/tiny_robustness
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_robustness.yaml --jobs 2 --archive experiments/results/tiny_robustness
 	$(BIN)/distill report experiments/results/tiny_robustness
