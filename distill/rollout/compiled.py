@@ -7,9 +7,13 @@ place instead of growing by concatenation each step, and the compiled step fuses
 small kernels, which is most of a small model's decode time on CPU. The prefill stays eager: its
 width changes with every batch.
 
-The attention mask is laid out at full width from the start: the prompt's mask, then zeros for the
-generated slots, each set to one just before the token that fills it is fed (so every attention
-kernel, FlashAttention's included, sees exactly the tokens written so far).
+The cache starts with room for the prompt and `BLOCK` generated tokens and grows by `BLOCK` slots
+when full (attention runs over the cache's whole width every step, so a cache sized for the whole
+budget would make every step of a rollout that stops early cost as much as its last: measured, the
+tiny teacher's compiled step at a 96-token budget was 1.6x slower than eager, at 40 tokens 0.72x).
+The attention mask has the cache's width: the prompt's mask, then zeros for the generated slots,
+each set to one just before the token that fills it is fed (so every attention kernel,
+FlashAttention's included, sees exactly the tokens written so far).
 
 Shapes: the first compile is for the shapes met first; a new batch size or cache length (sequence
 mixing decodes each writer's rows apart; evaluation batches differ) compiles once more with dynamic
@@ -41,6 +45,7 @@ from torch import nn
 from distill.models.forward import forward_accepts
 
 _ATTRIBUTE = "_distill_compiled_step"  # on the model itself: freed with it
+BLOCK = 32  # generated-token slots a static cache starts with and gains at a time
 
 
 class CompiledStep:
@@ -67,10 +72,45 @@ class CompiledStep:
         return model(**kwargs)
 
     @staticmethod
-    def new_cache(model: nn.Module, max_cache_len: int):
+    def new_cache(model: nn.Module, prompt_width: int, max_new_tokens: int):
+        """A static cache for the prompt and the first `BLOCK` generated tokens, grown by `grow`
+        as decoding goes on; the whole budget at once where its layers are not all plain
+        `StaticLayer`s (sliding-window and hybrid caches are not grown)."""
         from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
 
-        return StaticCache(config=model.config, max_cache_len=max_cache_len)
+        cache = StaticCache(config=model.config, max_cache_len=prompt_width + min(BLOCK, max_new_tokens))
+        if not all(type(layer) is StaticLayer for layer in cache.layers):
+            cache = StaticCache(config=model.config, max_cache_len=prompt_width + max_new_tokens)
+        return cache
+
+
+def capacity(cache) -> int:
+    """Slots each layer of a static cache holds."""
+    return cache.layers[0].max_cache_len
+
+
+def make_room(cache, slot: int, limit: int) -> int:
+    """Grow `cache` by `BLOCK` slots (at most to `limit`) when `slot` is past its end; returns how
+    many slots were added (0: there was room)."""
+    if slot < capacity(cache):
+        return 0
+    extra = min(BLOCK, limit - capacity(cache))
+    grow(cache, extra)
+    return extra
+
+
+def grow(cache, extra: int) -> None:
+    """`extra` more zero slots in every layer of a static cache of plain `StaticLayer`s, after the
+    written ones: attention runs over a cache's whole width each step, so a cache sized for the
+    whole budget would cost every step of a rollout that stops early as much as its last one."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                pad = old.new_zeros(*old.shape[:2], extra, old.shape[3])
+                setattr(layer, name, torch.cat([old, pad], dim=2))
+        layer.max_cache_len += extra
 
 
 def describe(err: BaseException) -> str:

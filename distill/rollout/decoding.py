@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from distill.errors import Diverged
 from distill.models.forward import forward_accepts
-from distill.rollout.compiled import compiled_step
+from distill.rollout.compiled import capacity, compiled_step, make_room
 
 # One decode step's draws: rule(logits per model [b, V] float32, streams at this position)
 # -> (tokens [b], teacher_written [b] bool)
@@ -336,9 +336,9 @@ def decode(
     generated tokens after its own prompt.
 
     A model marked by `distill.rollout.compiled.compile_decoding` decodes with a static KV cache
-    and its compiled step after an eager prefill; its attention mask is laid out at full width
-    (prompt plus budget) from the start, each generated slot switched on just before its token is
-    fed. The others decode with a cache and a mask that grow each step.
+    and its compiled step after an eager prefill; cache and mask grow a block of slots at a time,
+    each generated slot switched on just before its token is fed. The others decode with a cache
+    and a mask that grow each step.
     """
     b, device = input_ids.shape[0], input_ids.device
     own = list(model_prompts) if model_prompts is not None else [None] * len(models)
@@ -355,9 +355,10 @@ def decode(
     compiled = [compiled_step(model) for model in models]
     widths = [m.shape[1] for m in masks]  # each model's prompt width
     for i, step in enumerate(compiled):
-        if step is not None:  # every slot the cache will hold, none of the generated ones yet
-            caches[i] = step.new_cache(models[i], widths[i] + max_new_tokens)
-            masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, max_new_tokens)], dim=-1)
+        if step is not None:  # the prompt's slots, then generated ones, none written yet
+            caches[i] = step.new_cache(models[i], widths[i], max_new_tokens)
+            slots = capacity(caches[i]) - widths[i]
+            masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, slots)], dim=-1)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     live = torch.zeros((), dtype=torch.long, device=device)  # tokens fed after the prompt, summed
     streams = streams.deferring()  # one host sync per step: the stop check below
@@ -398,7 +399,11 @@ def decode(
             if c is None:
                 masks[i] = torch.cat([masks[i], masks[i].new_ones(b, 1)], dim=-1)
             else:  # the slot the token just written is fed into (in place: the shape stays static)
-                masks[i][:, widths[i] + len(tokens) - 1] = 1
+                slot = widths[i] + len(tokens) - 1
+                extra = make_room(caches[i], slot, widths[i] + max_new_tokens)  # a full cache grows
+                if extra:
+                    masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, extra)], dim=-1)
+                masks[i][:, slot] = 1
     tokens_t = torch.stack(tokens, dim=1)
     written = torch.ones_like(tokens_t, dtype=torch.bool)
     # A position counts until (and including) the row's first EOS.

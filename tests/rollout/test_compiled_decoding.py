@@ -112,6 +112,40 @@ def test_the_mask_shows_each_step_exactly_the_slots_written(student, teacher, pr
         assert bool((mask[:, width : width + t] == 1).all()) and bool((mask[:, width + t :] == 0).all())
 
 
+def test_the_cache_grows_a_block_at_a_time_and_writes_the_eager_tokens(
+    student, teacher, prompts, char_tok, monkeypatch
+):
+    """Blocks of 2 slots for a 7-token budget: the cache and the mask hold 2, then 4, then 6 slots
+    past the prompt, for both models at their own prompt widths, with the tokens of eager decoding."""
+    from distill.rollout import compiled
+
+    monkeypatch.setattr(compiled, "BLOCK", 2)
+    own = char_tok(["ctx: 12 34=46:", "ctx: 5 6=", "ctx: ab"], return_tensors="pt", padding=True)
+    sampler = RolloutSampler(0.5, "token", max_new_tokens=7, temperature=1.0)
+    extra = dict(seed=5, teacher_input_ids=own.input_ids, teacher_attention_mask=own.attention_mask)
+    eager = rollouts(sampler, student, teacher, prompts, False, **extra)
+    widths = []
+    compile_decoding(student, backend=Recording())
+    step = compiled_step(student)
+    real = step.forward
+
+    def recording(**kwargs):
+        widths.append(kwargs["attention_mask"].shape[1] - prompts.input_ids.shape[1])
+        return real(**kwargs)
+
+    step.forward = recording
+    compile_decoding(teacher, backend=Recording())
+    try:
+        got = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, **extra)
+    finally:
+        uncompile_decoding(student)
+        uncompile_decoding(teacher)
+    assert_same(eager, got)
+    steps = got.input_ids.shape[1] - got.prompt_length  # tokens written; all but the last are fed
+    assert steps >= 5 and len(widths) == steps - 1
+    assert widths == [min(2 * (k // 2 + 1), 7) for k in range(steps - 1)]  # 2, 2, 4, 4, 6, 6
+
+
 def test_one_model_decodes_batches_of_other_shapes(student, teacher, prompts):
     """Another batch size and prompt width for the same compiled model (dynamo compiles again
     with dynamic sizes), one row included: still the eager tokens."""
