@@ -2,10 +2,9 @@
 
 `compile_decoding(model)` marks a Hugging Face causal LM so that `decoding.decode` runs its decode
 steps (one new token per row) through `torch.compile(model.forward, fullgraph=True)` over a
-`transformers.StaticCache` sized for the prompt plus the token budget. The cache is written in
-place instead of growing by concatenation each step, and the compiled step fuses the model's many
-small kernels, which is most of a small model's decode time on CPU. The prefill stays eager: its
-width changes with every batch.
+`transformers.StaticCache`. The cache is written in place instead of growing by concatenation each
+step, and the compiled step fuses the model's many small kernels, which is most of a small model's
+decode time on CPU. The prefill stays eager: its width changes with every batch.
 
 The cache starts with room for the prompt and `BLOCK` generated tokens and grows by `BLOCK` slots
 when full (attention runs over the cache's whole width every step, so a cache sized for the whole

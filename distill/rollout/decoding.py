@@ -400,9 +400,9 @@ def decode(
                 masks[i] = torch.cat([masks[i], masks[i].new_ones(b, 1)], dim=-1)
             else:  # the slot the token just written is fed into (in place: the shape stays static)
                 slot = widths[i] + len(tokens) - 1
-                extra = make_room(caches[i], slot, widths[i] + max_new_tokens)  # a full cache grows
-                if extra:
-                    masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, extra)], dim=-1)
+                grown = make_room(caches[i], slot, widths[i] + max_new_tokens)  # a full cache grows
+                if grown:
+                    masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, grown)], dim=-1)
                 masks[i][:, slot] = 1
     tokens_t = torch.stack(tokens, dim=1)
     written = torch.ones_like(tokens_t, dtype=torch.bool)
