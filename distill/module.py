@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -33,8 +32,8 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.parallel import full_tensor, is_sharded, shard_model
-from distill.rollout.compiled import compile_decoding, compiled_step, uncompile_decoding
+from distill.parallel import full_tensor, shard_model
+from distill.rollout.compiled import compile_decoding, eager_if_sharded
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -159,11 +158,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         if self.student is None:
             self.load_models()
         shard_model(self.student, self.device_mesh, "model.student")  # FSDP2 under ModelParallelStrategy
-        if is_sharded(self.student) and compiled_step(self.student) is not None:
-            uncompile_decoding(self.student)  # untested under FSDP2's hooks: decode it eagerly
-            warnings.warn(
-                "model.compile_decoding: the student is sharded (FSDP2), so it decodes eagerly", stacklevel=2
-            )
+        eager_if_sharded(self.student)
 
     def load_models(self) -> None:
         hp = self.hparams

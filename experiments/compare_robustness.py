@@ -21,6 +21,7 @@ from pathlib import Path
 
 from distill.experiments.effects import contrast
 from distill.experiments.records import load_records
+from distill.experiments.tables import is_share
 
 ROOT = Path(__file__).resolve().parent / "results"
 STAGES = ("no_clip", "topk", "longchain")
@@ -30,12 +31,6 @@ METRICS = {
     "test/countdown4/pass@8": "C4 pass@8",
     "forgetting/mean_delta": "forgetting (+ = more)",
     "train/grad_norm": "grad norm",
-}
-SHARES = {
-    "test/countdown3/accuracy",
-    "test/countdown3/pass@8",
-    "test/countdown4/pass@8",
-    "forgetting/mean_delta",
 }
 
 
@@ -61,15 +56,12 @@ def tagged(records: list, source: str) -> list:
 def fmt(effect, metric: str) -> str:
     if effect is None:
         return "—"
-    scale, unit = (100, " pp") if metric in SHARES else (1, "")
-    point = (
-        f"{scale * effect.difference:+.2f}{unit}" if scale == 1 else f"{scale * effect.difference:+.1f}{unit}"
-    )
+    scale, unit, digits = (100, " pp", 1) if is_share(metric) else (1, "", 2)
+    point = f"{scale * effect.difference:+.{digits}f}{unit}"
     if not effect.paired:
         point += " unpaired"
     if math.isnan(effect.low):
         return f"{point} (n={effect.n})"
-    digits = 2 if scale == 1 else 1
     return f"{point} [{scale * effect.low:+.{digits}f}, {scale * effect.high:+.{digits}f}]"
 
 

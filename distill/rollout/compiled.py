@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from distill.models.forward import forward_accepts
+from distill.parallel import is_sharded
 
 _ATTRIBUTE = "_distill_compiled_step"  # on the model itself: freed with it
 BLOCK = 32  # generated-token slots a static cache starts with and gains at a time
@@ -52,7 +53,6 @@ class CompiledStep:
 
     def __init__(self, model: nn.Module, backend: str | Callable, mode: str | None):
         self.forward = torch.compile(model.forward, backend=backend, mode=mode, fullgraph=True)
-        self.backend = backend
         self.failed: str | None = None  # the error that switched this model to eager decoding
 
     def __call__(self, model: nn.Module, **kwargs):
@@ -149,3 +149,13 @@ def compiled_step(model: nn.Module) -> CompiledStep | None:
 def uncompile_decoding(model: nn.Module) -> None:
     """Back to eager decoding with a growing cache (a no-op for a model never compiled)."""
     model.__dict__.pop(_ATTRIBUTE, None)
+
+
+def eager_if_sharded(model: nn.Module) -> None:
+    """An FSDP2-sharded `model` decodes eagerly, with a warning, even when marked for compiled
+    decoding (compiling through FSDP2's hooks is untested); call after sharding."""
+    if is_sharded(model) and compiled_step(model) is not None:
+        uncompile_decoding(model)
+        warnings.warn(
+            "model.compile_decoding: the student is sharded (FSDP2), so it decodes eagerly", stacklevel=2
+        )

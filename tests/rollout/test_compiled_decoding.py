@@ -201,6 +201,18 @@ def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(
         uncompile_decoding(student)
 
 
+def test_a_sharded_model_decodes_eagerly_with_a_warning(student, monkeypatch):
+    from distill.rollout import compiled
+
+    compile_decoding(student, backend=Recording())
+    compiled.eager_if_sharded(student)  # not sharded: stays compiled
+    assert compiled_step(student) is not None
+    monkeypatch.setattr(compiled, "is_sharded", lambda model: model is student)
+    with pytest.warns(UserWarning, match="sharded \\(FSDP2\\), so it decodes eagerly"):
+        compiled.eager_if_sharded(student)
+    assert compiled_step(student) is None
+
+
 def test_compile_decoding_refuses_a_model_without_a_kv_cache():
     with pytest.raises(ValueError, match="needs a Hugging Face causal LM.*Linear"):
         compile_decoding(nn.Linear(2, 2))
