@@ -107,3 +107,58 @@ def test_robustness_comparison_pairs_each_stage_with_the_grid(capsys):
     section = out.split("### `no_clip`")[1].split("###")[0]
     row = next(line for line in section.splitlines() if line.startswith("| C3 accuracy |"))
     assert row.split("|")[2].strip().startswith(f"{shift:+.1f} pp [")
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_domain_comparison_cuts_both_grids_to_the_shared_cells_and_pairs_runs(capsys):
+    """experiments/compare_domains.py compares the knowledge grid with the Countdown grid on the
+    cells both ran: the Countdown grid's mix 0.25/0.75 and lr 1e-4 runs are dropped, and the
+    on − off-policy contrast it prints equals the mean paired difference read from metrics.json."""
+    import json
+    import math
+
+    script = _script("compare_domains")
+
+    def cells(directory, metric):
+        found = {}
+        for run in directory.iterdir():
+            if (run / "metrics.json").is_file():
+                s = json.loads((run / "settings.json").read_text())["settings"]
+                key = (s["divergence"], float(s["mix"]), float(s["lr"]), s["seed"])
+                found[key] = json.loads((run / "metrics.json").read_text())["metrics"][metric]
+        return found
+
+    countdown = cells(ROOT / "tiny_grid", "test/countdown3/accuracy")
+    knowledge = cells(ROOT / "tiny_sci", "test/tinysci/accuracy")
+    shared = set(countdown) & set(knowledge)
+    assert script.main(["--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    assert f"Countdown {len(shared)}, knowledge {len(shared)}." in out
+    kept = script.common_cells([script.finished(script.load_records(ROOT / d)) for d in ("tiny_grid", "tiny_sci")])
+    assert {float(r.settings["mix"]) for r in kept[0]} <= {0.0, 0.5, 1.0}
+    assert not any(math.isclose(float(r.settings["lr"]), 1e-4) for r in kept[0])
+
+    row = next(
+        line
+        for line in out.splitlines()
+        if line.startswith("| trained task, accuracy | on − off-policy (mix 0 − 1), forward KL |")
+    )
+    for column, found in ((3, countdown), (4, knowledge)):
+        pairs = [
+            (found[("forward_kl", 0.0, lr, seed)], found[("forward_kl", 1.0, lr, seed)])
+            for (div, mix, lr, seed) in shared
+            if div == "forward_kl" and mix == 0.0 and ("forward_kl", 1.0, lr, seed) in shared
+        ]
+        if pairs:
+            shift = 100 * sum(a - b for a, b in pairs) / len(pairs)
+            assert row.split("|")[column].strip().startswith(f"{shift:+.1f} pp")
+        else:
+            assert row.split("|")[column].strip() == "—"
