@@ -15,8 +15,9 @@ the teacher writes fresh ones every step (no rollout cache). Contenders:
                 `Trainer` with no logger, checkpointing or evaluation (`distill fit` without its
                 measurement callbacks);
 - distill-compiled: the same with `model.compile_decoding` (static KV cache, `torch.compile`d
-                decode step for both models; the compiles fall in the dropped warm-up steps, and
-                the median is robust to a later recompile on a new prompt width);
+                decode step for both models) and `model.compile_forwards` (both models' scoring
+                and training passes compiled with dynamic shapes); the compiles fall in the dropped
+                warm-up steps, and the median is robust to a later recompile on a new prompt width;
 - trl:          `trl.experimental.gkd.GKDTrainer`, lmbda 1 on-policy / lmbda 0 with seq_kd
                 off-policy, beta 0 (forward KL), gradient checkpointing off (a well-configured
                 TRL: with it on, `generate` also runs without a KV cache);
@@ -125,6 +126,7 @@ def run_distill(
         gradient_clip_val=1.0,
         log_text_every=0,
         compile_decoding=compiled,
+        compile_forwards=compiled,
     )
     data = RolloutDataModule(
         task="countdown3",
@@ -150,13 +152,15 @@ def run_distill(
         callbacks=[Timer()],
     )
     trainer.fit(module, data)
-    if compiled:  # a failed compile decodes eagerly (a warning, silenced here): say so
+    if compiled:  # a failed compile runs eagerly (a warning, silenced here): say so
+        from distill.models.compiled import compiled_forward
         from distill.rollout.compiled import compiled_step
 
         for role in ("student", "teacher"):
-            failed = compiled_step(getattr(module, role)).failed
-            if failed:
-                print(f"note: the {role}'s compiled decoding fell back to eager ({failed})")
+            for what, compiled in (("decoding", compiled_step), ("forward passes", compiled_forward)):
+                failed = compiled(getattr(module, role)).failed
+                if failed:
+                    print(f"note: the {role}'s compiled {what} fell back to eager ({failed})")
     return step_seconds(ends, args.warmup), statistics.mean(tokens[args.warmup :])
 
 

@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_int, check_number
 from distill.losses import ForwardKL, TokenDivergence, global_sum, gradient_denominator, step_token_count
+from distill.models.compiled import compile_forwards
 from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
@@ -103,6 +104,11 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             same sampling, faster decoding after a compile of tens of seconds per model (another
             when batch shapes first change); a model that fails to compile, and a student sharded
             with FSDP2, decode eagerly with a warning.
+        compile_forwards: both models' full-sequence passes (the step's student forward + backward
+            and teacher forward, evaluation scoring) run through `torch.compile` with dynamic
+            shapes (`distill.models.compiled`): the same losses to float rounding, faster on CPU
+            after a compile of tens of seconds per model and mode; a model that fails to compile,
+            and a student sharded with FSDP2, run eagerly with a warning.
     """
 
     def __init__(
@@ -124,6 +130,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
         compile_decoding: bool = False,
+        compile_forwards: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
@@ -176,6 +183,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         if hp.compile_decoding:
             compile_decoding(self.student)
             compile_decoding(self.teacher)
+        if hp.compile_forwards:
+            compile_forwards(self.student)
+            compile_forwards(self.teacher)
 
     def on_train_start(self) -> None:
         # The Trainer restores each submodule's mode (Lightning >= 2.2): keep the teacher in eval.

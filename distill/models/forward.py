@@ -15,6 +15,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import nn
 
 from distill.checks import check_int, check_number
+from distill.models.compiled import compiled_forward
 from distill.parallel import full_state_dict, gathered
 
 
@@ -48,7 +49,9 @@ def causal_logits(
     `logits_to_keep` (HF Llama, Qwen2 and the other decoder-only models of transformers >= 5); a
     model that does not take it computes every position's logits and they are sliced (the same
     numbers, without the memory saving). Hidden states are not sliced by hand: that would skip
-    whatever a model's head does besides the projection (final soft-capping, logit scaling)."""
+    whatever a model's head does besides the projection (final soft-capping, logit scaling).
+
+    A model marked by `distill.models.compiled.compile_forwards` runs its compiled forward."""
     seq = input_ids.shape[1]
     width = seq - 1 if keep is None else check_int("keep", keep, 1, seq - 1)
     kwargs = {}
@@ -63,7 +66,9 @@ def causal_logits(
     if forward_accepts(model, "use_cache"):
         kwargs["use_cache"] = False  # a scoring pass needs no KV cache (it would hold every layer's)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+    compiled = compiled_forward(model)
+    out = model(**inputs) if compiled is None else compiled(model, **inputs)
     return out.logits[:, -(width + 1) : -1, :vocab_size]
 
 

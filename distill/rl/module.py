@@ -36,6 +36,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
 from distill.losses import gradient_denominator, step_token_count
+from distill.models.compiled import compile_forwards
 from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
@@ -108,8 +109,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         max_nonfinite_steps: an optimiser step with a non-finite loss or gradient norm is skipped
             (counted as `train/nonfinite_steps`); this many in a row stop the run as diverged.
         lean_logits, eval_logit_budget_mb, gradient_checkpointing, attn_implementation,
-            compile_decoding: as in `DistillationModule`, the reference in the teacher's place
-            (it never decodes, so compiled decoding compiles the policy only). Log-probabilities are
+            compile_decoding, compile_forwards: as in `DistillationModule`, the reference in the
+            teacher's place (it never decodes, so compiled decoding compiles the policy only; its
+            scoring passes are compiled with `compile_forwards`). Log-probabilities are
             computed in chunks of positions (`distill.rl.logprobs`), as the divergences are.
     """
 
@@ -139,6 +141,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
         compile_decoding: bool = False,
+        compile_forwards: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -199,6 +202,9 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         vocab_size(self.tokenizer, *models)
         if hp.compile_decoding:
             compile_decoding(self.student)
+        if hp.compile_forwards:
+            for model in models:
+                compile_forwards(model)
 
     def on_fit_start(self) -> None:
         data = self.trainer.datamodule

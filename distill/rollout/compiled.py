@@ -41,6 +41,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from distill.models.compiled import Compiled
+from distill.models.compiled import eager_if_sharded as forwards_eager_if_sharded
 from distill.models.forward import forward_accepts
 from distill.parallel import is_sharded
 
@@ -48,40 +50,17 @@ _ATTRIBUTE = "_distill_compiled_step"  # on the model itself: freed with it
 BLOCK = 32  # generated-token slots a static cache starts with and gains at a time
 
 
-class CompiledStep:
-    """One model's compiled decode step; eager from its first failure on."""
+def new_cache(model: nn.Module, prompt_width: int, max_new_tokens: int):
+    """A static cache for the prompt and the first `BLOCK` generated tokens, grown by `grow` as
+    decoding goes on; the whole budget at once where its layers are not all plain `StaticLayer`s
+    (sliding-window and hybrid caches are not grown)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
 
-    def __init__(self, model: nn.Module, backend: str | Callable, mode: str | None):
-        self.forward = torch.compile(model.forward, backend=backend, mode=mode, fullgraph=True)
-        self.failed: str | None = None  # the error that switched this model to eager decoding
-
-    def __call__(self, model: nn.Module, **kwargs):
-        if self.failed is None:
-            try:  # past the recompile limit dynamo would run eagerly without a word: raise instead
-                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-                    return self.forward(**kwargs)
-            except Exception as err:  # a compile failure: the eager step decides
-                self.failed = describe(err)
-                warnings.warn(
-                    f"compiled decoding failed for {type(model).__name__} ({self.failed}); it decodes "
-                    "eagerly from now on (slower)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        return model(**kwargs)
-
-    @staticmethod
-    def new_cache(model: nn.Module, prompt_width: int, max_new_tokens: int):
-        """A static cache for the prompt and the first `BLOCK` generated tokens, grown by `grow`
-        as decoding goes on; the whole budget at once where its layers are not all plain
-        `StaticLayer`s (sliding-window and hybrid caches are not grown)."""
-        from transformers import StaticCache
-        from transformers.cache_utils import StaticLayer
-
-        cache = StaticCache(config=model.config, max_cache_len=prompt_width + min(BLOCK, max_new_tokens))
-        if not all(type(layer) is StaticLayer for layer in cache.layers):
-            cache = StaticCache(config=model.config, max_cache_len=prompt_width + max_new_tokens)
-        return cache
+    cache = StaticCache(config=model.config, max_cache_len=prompt_width + min(BLOCK, max_new_tokens))
+    if not all(type(layer) is StaticLayer for layer in cache.layers):
+        cache = StaticCache(config=model.config, max_cache_len=prompt_width + max_new_tokens)
+    return cache
 
 
 def capacity(cache) -> int:
@@ -112,16 +91,6 @@ def grow(cache, extra: int) -> None:
         layer.max_cache_len += extra
 
 
-def describe(err: BaseException) -> str:
-    """One line naming `err` and, for a wrapped error (dynamo's BackendCompilerFailed), its root."""
-    root = err
-    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None:
-        root = inner
-    text = f"{type(err).__name__}" + ("" if root is err else f" from {type(root).__name__}")
-    detail = next((line.strip() for line in str(root).splitlines() if line.strip()), "")
-    return f"{text}: {detail}"[:300] if detail else text
-
-
 def compile_decoding(
     model: nn.Module, backend: str | Callable = "inductor", mode: str | None = None
 ) -> nn.Module:
@@ -137,11 +106,11 @@ def compile_decoding(
             f"compiled decoding needs a Hugging Face causal LM (a `config` and a KV-cache argument), "
             f"got {type(model).__name__}"
         )
-    object.__setattr__(model, _ATTRIBUTE, CompiledStep(model, backend, mode))
+    object.__setattr__(model, _ATTRIBUTE, Compiled(model, "decoding", backend, mode))
     return model
 
 
-def compiled_step(model: nn.Module) -> CompiledStep | None:
+def compiled_step(model: nn.Module) -> Compiled | None:
     """`model`'s compiled decode step, or None when it decodes eagerly with a growing cache."""
     return model.__dict__.get(_ATTRIBUTE)
 
@@ -153,7 +122,9 @@ def uncompile_decoding(model: nn.Module) -> None:
 
 def eager_if_sharded(model: nn.Module) -> None:
     """An FSDP2-sharded `model` decodes eagerly, with a warning, even when marked for compiled
-    decoding (compiling through FSDP2's hooks is untested); call after sharding."""
+    decoding (compiling through FSDP2's hooks is untested), and runs its forward passes eagerly
+    (`distill.models.compiled.eager_if_sharded`); call after sharding."""
+    forwards_eager_if_sharded(model)
     if is_sharded(model) and compiled_step(model) is not None:
         uncompile_decoding(model)
         warnings.warn(

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from distill.errors import Diverged
 from distill.models.forward import forward_accepts
-from distill.rollout.compiled import capacity, compiled_step, make_room
+from distill.rollout.compiled import capacity, compiled_step, make_room, new_cache
 
 # One decode step's draws: rule(logits per model [b, V] float32, streams at this position)
 # -> (tokens [b], teacher_written [b] bool)
@@ -356,7 +356,7 @@ def decode(
     widths = [m.shape[1] for m in masks]  # each model's prompt width
     for i, step in enumerate(compiled):
         if step is not None:  # the prompt's slots, then generated ones, none written yet
-            caches[i] = step.new_cache(models[i], widths[i], max_new_tokens)
+            caches[i] = new_cache(models[i], widths[i], max_new_tokens)
             slots = capacity(caches[i]) - widths[i]
             masks[i] = torch.cat([masks[i], masks[i].new_zeros(b, slots)], dim=-1)
     done = torch.zeros(b, dtype=torch.bool, device=device)

@@ -183,22 +183,23 @@ def test_a_failing_compile_falls_back_to_eager_with_a_warning(student, teacher, 
         uncompile_decoding(student)
 
 
-def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(
-    student, teacher, prompts, monkeypatch
-):
-    """Past dynamo's recompile limit it would run the step eagerly without a word; here it says so."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(student, teacher, prompts):
+    """Past dynamo's recompile limit it would run the step eagerly without a word; here it says so.
+    (`config.patch`, not monkeypatch: undoing a monkeypatch of a torch config module deletes the
+    entry for the rest of the session.)"""
     sampler = RolloutSampler(0.0, "sequence", max_new_tokens=4, temperature=1.0)
     compile_decoding(student, backend=Recording())
     try:
-        sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=0)
-        assert compiled_step(student).failed is None
-        one = {k: v[[2]] for k, v in prompts.items()}  # a new shape needs a second graph
-        with pytest.warns(RuntimeWarning, match="compiled decoding failed"):
-            sampler.sample(student, teacher, one["input_ids"], one["attention_mask"], seed=0)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=0)
+            assert compiled_step(student).failed is None
+            one = {k: v[[2]] for k, v in prompts.items()}  # a new shape needs a second graph
+            with pytest.warns(RuntimeWarning, match="compiled decoding failed"):
+                sampler.sample(student, teacher, one["input_ids"], one["attention_mask"], seed=0)
         assert "recompile" in compiled_step(student).failed.lower()
     finally:
         uncompile_decoding(student)
+    assert torch._dynamo.config.recompile_limit > 1  # restored
 
 
 def test_a_sharded_model_decodes_eagerly_with_a_warning(student, monkeypatch):

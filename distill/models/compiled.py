@@ -1,0 +1,116 @@
+"""Compiled forward passes (opt-in): `torch.compile` for a model's scoring and training forwards.
+
+`compile_forwards(model)` marks a Hugging Face causal LM so that `distill.models.forward.causal_logits`
+(every full-sequence pass: the distillation step's student forward + backward and teacher
+forward, evaluation scoring, GRPO's log-probabilities) runs `torch.compile(model.forward,
+dynamic=True, fullgraph=True)` instead of the eager forward. On CPU a small model's forward is
+mostly many small kernels (norms, rotary embeddings, activations) around a few matmuls; inductor
+fuses them, and AOTAutograd compiles the backward too. Measured on the tiny world (one thread,
+B = 32, 50–71 tokens): the student's forward + backward 0.63x the eager time, the teacher's
+no-grad forward 0.87x (`experiments/LOG.md`, 2026-12-02).
+
+Shapes: sequence length, rows and `logits_to_keep` change every step, so the graph is compiled
+with dynamic sizes from the start (one compile per model and mode, not one per shape); training and
+evaluation (grad / no grad, train / eval mode) are compiled apart, a few compiles of tens of
+seconds each on CPU.
+
+Numbers: the compiled pass computes the eager one's function; fused kernels may round differently
+(float32 sums in another order), so losses agree to rounding, not to the bit.
+
+Fallback: a compile that fails (no C++ compiler, a graph break under `fullgraph`, dynamo's
+recompile limit) warns once, naming the error, and the model runs eagerly from then on. The call
+is retried eagerly: a forward changes no state, so nothing is lost. A model sharded with FSDP2
+(whose hooks run in `Module.__call__`, which a compiled `forward` skips) is left eager
+(`eager_if_sharded`).
+
+The same wrapper serves compiled decoding (`distill.rollout.compiled`), which compiles the decode
+step over a static KV cache.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from distill.parallel import is_sharded
+
+_ATTRIBUTE = "_distill_compiled_forward"  # on the model itself: freed with it
+
+
+def describe(err: BaseException) -> str:
+    """One line naming `err` and, for a wrapped error (dynamo's BackendCompilerFailed), its root."""
+    root = err
+    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None:
+        root = inner
+    text = f"{type(err).__name__}" + ("" if root is err else f" from {type(root).__name__}")
+    detail = next((line.strip() for line in str(root).splitlines() if line.strip()), "")
+    return f"{text}: {detail}"[:300] if detail else text
+
+
+class Compiled:
+    """`torch.compile(model.forward)`, eager from its first failure on (`failed` says why)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        purpose: str,
+        backend: str | Callable = "inductor",
+        mode: str | None = None,
+        dynamic: bool | None = None,
+    ):
+        self.purpose = purpose  # named in the fallback warning: "decoding", "forward passes"
+        self.forward = torch.compile(
+            model.forward, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic
+        )
+        self.failed: str | None = None
+
+    def __call__(self, model: nn.Module, **kwargs):
+        if self.failed is None:
+            try:  # past the recompile limit dynamo would run eagerly without a word: raise instead
+                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                    return self.forward(**kwargs)
+            except Exception as err:  # a compile failure: the eager call decides
+                self.failed = describe(err)
+                warnings.warn(
+                    f"compiled {self.purpose} failed for {type(model).__name__} ({self.failed}); it "
+                    "runs eagerly from now on (slower)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return model(**kwargs)
+
+
+def compile_forwards(
+    model: nn.Module, backend: str | Callable = "inductor", mode: str | None = None
+) -> nn.Module:
+    """Run `model`'s full-sequence passes (`causal_logits`) compiled from now on (returns `model`).
+
+    `backend` and `mode` go to `torch.compile` ("eager" traces the graph without generating code).
+    """
+    object.__setattr__(model, _ATTRIBUTE, Compiled(model, "forward passes", backend, mode, dynamic=True))
+    return model
+
+
+def compiled_forward(model: nn.Module) -> Compiled | None:
+    """`model`'s compiled forward, or None when its passes run eagerly."""
+    return model.__dict__.get(_ATTRIBUTE)
+
+
+def uncompile_forwards(model: nn.Module) -> None:
+    """Back to eager forward passes (a no-op for a model never compiled)."""
+    model.__dict__.pop(_ATTRIBUTE, None)
+
+
+def eager_if_sharded(model: nn.Module) -> None:
+    """An FSDP2-sharded `model` runs its forward passes eagerly, with a warning, even when marked by
+    `compile_forwards` (a compiled `forward` would skip the all-gathers FSDP2 hooks into
+    `Module.__call__`); call after sharding."""
+    if is_sharded(model) and compiled_forward(model) is not None:
+        uncompile_forwards(model)
+        warnings.warn(
+            "model.compile_forwards: the student is sharded (FSDP2), so its forward passes run eagerly",
+            stacklevel=2,
+        )

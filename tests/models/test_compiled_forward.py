@@ -1,0 +1,136 @@
+"""Compiled forward passes (`compile_forwards`) compute what the eager passes do: logits, the
+distillation step's loss and gradients, across shapes, with an eager fallback that says so.
+
+torch.compile runs with a recording backend that returns dynamo's captured graph unchanged, so the
+capture (dynamic shapes, the training graph, the fallback) is what is tested; inductor's code
+generation is torch's (`benchmarks/step.py` times it)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from distill.models.compiled import compile_forwards, compiled_forward, eager_if_sharded
+from distill.models.forward import causal_logits
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Recording:
+    """A torch.compile backend that counts the graphs dynamo captured and runs them as captured."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def _batch(seed: int, b: int, t: int, vocab: int = 100):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (b, t), generator=g)
+    attn = torch.ones(b, t, dtype=torch.long)
+    attn[0, : t // 3] = 0  # a left-padded row
+    return ids, attn
+
+
+def test_compiled_logits_and_gradients_equal_the_eager_ones_across_shapes(tiny_student):
+    """Three batches of other widths, rows and kept columns: one dynamic graph for all of them
+    (not one per shape), and the same logits and parameter gradients as the eager passes."""
+    import copy
+
+    backend = Recording()
+    compiled = compile_forwards(copy.deepcopy(tiny_student), backend=backend)
+    for seed, (b, t, keep) in enumerate([(4, 12, 5), (3, 17, 9), (5, 9, 2)]):
+        ids, attn = _batch(seed, b, t)
+        grads = []
+        for model in (tiny_student, compiled):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager fails the test
+                logits = causal_logits(model, ids, attn, 100, keep)
+            logits.float().logsumexp(-1).sum().backward()
+            grads.append({n: p.grad for n, p in model.named_parameters()})
+            model.zero_grad(set_to_none=False)
+            if model is tiny_student:
+                eager = logits
+        assert logits.shape == (b, keep, 100)
+        torch.testing.assert_close(logits, eager, rtol=0, atol=0)
+        for name, grad in grads[0].items():
+            torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=0, msg=name)
+    assert compiled_forward(compiled).failed is None
+    assert backend.graphs == 1
+
+
+def test_a_failing_compile_falls_back_to_eager_with_a_warning(tiny_student):
+    def broken(gm, example_inputs):
+        raise RuntimeError("no C++ compiler here")
+
+    ids, attn = _batch(1, 3, 11)
+    eager = causal_logits(tiny_student, ids, attn, 100, 6)
+    compile_forwards(tiny_student, backend=broken)
+    with pytest.warns(
+        RuntimeWarning, match="compiled forward passes failed for LlamaForCausalLM .*no C\\+\\+ compiler"
+    ):
+        got = causal_logits(tiny_student, ids, attn, 100, 6)
+    torch.testing.assert_close(got, eager, rtol=0, atol=0)
+    assert "no C++ compiler" in compiled_forward(tiny_student).failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: later passes are eager without a word
+        causal_logits(tiny_student, ids, attn, 100, 6)
+
+
+def test_a_sharded_model_runs_its_passes_eagerly_with_a_warning(tiny_student, monkeypatch):
+    from distill.models import compiled
+
+    compile_forwards(tiny_student, backend=Recording())
+    eager_if_sharded(tiny_student)  # not sharded: stays compiled
+    assert compiled_forward(tiny_student) is not None
+    monkeypatch.setattr(compiled, "is_sharded", lambda model: model is tiny_student)
+    with pytest.warns(UserWarning, match="sharded \\(FSDP2\\), so its forward passes run eagerly"):
+        eager_if_sharded(tiny_student)
+    assert compiled_forward(tiny_student) is None
+
+
+def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gradient(quick_world):
+    """`model.compile_forwards` marks both models; the step's means and the student's gradient equal
+    the eager module's (through the recording backend)."""
+    from distill.module import DistillationModule
+    from distill.rl import GRPOModule
+    from tests.test_module import _grads, _rollout
+
+    def module(compiled: bool):
+        m = DistillationModule(
+            str(quick_world / "student"), str(quick_world / "teacher"), compile_forwards=compiled
+        )
+        m.configure_model()
+        return m
+
+    eager, compiled = module(False), module(True)
+    assert compiled_forward(eager.student) is None and compiled_forward(eager.teacher) is None
+    assert compiled_forward(compiled.student) is not None and compiled_forward(compiled.teacher) is not None
+    backend = Recording()
+    for model in (compiled.student, compiled.teacher):
+        compile_forwards(model, backend=backend)
+    rollout = _rollout(eager.tokenizer, lengths=[3, 9, 2, 6])
+    want, _, _ = eager.accumulate_gradients(rollout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got, _, _ = compiled.accumulate_gradients(rollout)
+    assert backend.graphs == 2  # the student's training pass and the teacher's no-grad pass, apart
+    torch.testing.assert_close(vars(got), vars(want), rtol=0, atol=0)
+    a, b = _grads(compiled), _grads(eager)
+    assert a.keys() == b.keys() and len(a) > 0
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+
+    policy = GRPOModule(str(quick_world / "student"), compile_forwards=True)
+    policy.load_models()
+    assert compiled_forward(policy.student) is not None
