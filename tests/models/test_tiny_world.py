@@ -111,16 +111,25 @@ def test_committed_build_is_installed_without_training(quick_world, tmp_path, mo
 
 
 def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
-    """`verify` retrains (a real rebuild, equal to the session's) and compares every weight; the
-    second check swaps the retraining for a copy of the session's world (the rebuild is what the
-    first check proved equal to it), to see a 1e-6 change in one weight found."""
+    """`verify` rebuilds into a temporary folder and compares every weight with the committed
+    build's. The rebuild is swapped for a copy of the session's world (that a real rebuild equals
+    it, in a fresh process, is `test_cli_builds_the_same_world_bit_for_bit`'s), so this checks the
+    comparison: the world passes, a 1e-6 change in one weight is found."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     import distill.models.tiny_world as tw
 
+    rebuilt = []
+
+    def copy(out, recipe, force):
+        rebuilt.append((recipe, force))
+        shutil.copytree(quick_world, out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(tw, "build", copy)
     assert tw.verify(tw.QUICK, committed=quick_world)
+    assert rebuilt == [(tw.QUICK, True)]  # a forced rebuild of the recipe asked for
     tampered = tmp_path / "tampered"
     shutil.copytree(quick_world, tampered)
     weights = load_file(tampered / "student" / "model.safetensors")
@@ -128,9 +137,6 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     weights[name] = weights[name].clone()
     weights[name].view(-1)[0] += 1e-6
     save_file(weights, tampered / "student" / "model.safetensors", metadata={"format": "pt"})
-    monkeypatch.setattr(
-        tw, "build", lambda out, recipe, force: shutil.copytree(quick_world, out, dirs_exist_ok=True)
-    )
     assert not tw.verify(tw.QUICK, committed=tampered)
     assert tw.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
 
@@ -235,7 +241,11 @@ def test_a_missed_bar_fails_the_build_and_the_world_is_not_reused(tmp_path):
 
     import distill.models.tiny_world as tw
 
-    strict = replace(tw.QUICK, bars=(tw.Bar("teacher_countdown3", 0.99), tw.Bar("student_prior", high=1.0)))
+    strict = replace(  # the two models the bars are on
+        tw.QUICK,
+        models=tw.QUICK.models[:2],
+        bars=(tw.Bar("teacher_countdown3", 0.99), tw.Bar("student_prior", high=1.0)),
+    )
     with pytest.raises(tw.BarsMissed, match=r"teacher_countdown3 >= 0.99 \(got 0\.\d+\)"):
         tw.build(tmp_path / "w", strict)
     quality = json.loads((tmp_path / "w" / "quality.json").read_text())
@@ -319,8 +329,9 @@ def test_an_interrupted_build_resumes_from_its_trained_models(quick_world, tmp_p
     assert tw.build(out, changed)["resumed_models"] == ["teacher", "student"]
     assert tw._stamp(changed, "teacher-es") != tw._stamp(tw.QUICK, "teacher-es")
     assert tw._stamp(changed, "teacher") == tw._stamp(tw.QUICK, "teacher")
-    # --force retrains everything.
-    assert tw.build(out, tw.QUICK, force=True)["resumed_models"] == []
+    # --force retrains everything (a world of the first two models: the rule, at half the cost).
+    two = replace(tw.QUICK, models=tw.QUICK.models[:2])
+    assert tw.build(out, two, force=True)["resumed_models"] == []
 
 
 def test_a_changed_task_generator_changes_the_stamp_so_a_resumed_build_retrains(monkeypatch):
