@@ -157,8 +157,8 @@ def run_distill(
         from distill.rollout.compiled import compiled_step
 
         for role in ("student", "teacher"):
-            for what, compiled in (("decoding", compiled_step), ("forward passes", compiled_forward)):
-                failed = compiled(getattr(module, role)).failed
+            for what, marked in (("decoding", compiled_step), ("forward passes", compiled_forward)):
+                failed = marked(getattr(module, role)).failed
                 if failed:
                     print(f"note: the {role}'s compiled {what} fell back to eager ({failed})")
     return step_seconds(ends, args.warmup), statistics.mean(tokens[args.warmup :])

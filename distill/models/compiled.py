@@ -5,21 +5,24 @@
 forward, evaluation scoring, GRPO's log-probabilities) runs `torch.compile(model.forward,
 dynamic=True, fullgraph=True)` instead of the eager forward. On CPU a small model's forward is
 mostly many small kernels (norms, rotary embeddings, activations) around a few matmuls; inductor
-fuses them, and AOTAutograd compiles the backward too. Measured on the tiny world (one thread,
-B = 32, 50–71 tokens): the student's forward + backward 0.63x the eager time, the teacher's
-no-grad forward 0.87x (`experiments/LOG.md`, 2026-12-02).
+fuses them, and AOTAutograd compiles the backward too. Measured on the tiny world (one thread, B = 32,
+50–71 tokens, CPU time with other work on the machine): the student's forward + backward 0.67x the
+eager time, the teacher's no-grad forward 0.79x (`experiments/LOG.md`, 2026-12-02, eighth session;
+`benchmarks/RESULTS.md` has the step on two threads).
 
 Shapes: sequence length, rows and `logits_to_keep` change every step, so the graph is compiled
 with dynamic sizes from the start (one compile per model and mode, not one per shape); training and
 evaluation (grad / no grad, train / eval mode) are compiled apart, a few compiles of tens of
-seconds each on CPU.
+seconds each on CPU. Each wrapper keeps its own recompile limit (see `Compiled`).
 
 Numbers: the compiled pass computes the eager one's function; fused kernels may round differently
 (float32 sums in another order), so losses agree to rounding, not to the bit.
 
 Fallback: a compile that fails (no C++ compiler, a graph break under `fullgraph`, dynamo's
 recompile limit) warns once, naming the error, and the model runs eagerly from then on. The call
-is retried eagerly: a forward changes no state, so nothing is lost. A model sharded with FSDP2
+is retried eagerly: a forward changes no state, so nothing is lost. The backward of a pass with
+gradients is compiled with its forward (not lazily inside `backward()`), so that its failure falls
+back the same way. Running out of memory is raised, not treated as a compile failure. A model sharded with FSDP2
 (whose hooks run in `Module.__call__`, which a compiled `forward` skips) is left eager
 (`eager_if_sharded`).
 
@@ -29,10 +32,13 @@ step over a static KV cache.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
+import torch._functorch.config  # noqa: F401  (torch._functorch.config is not imported by `import torch`)
 from torch import nn
 
 from distill.parallel import is_sharded
@@ -42,16 +48,38 @@ _ATTRIBUTE = "_distill_compiled_forward"  # on the model itself: freed with it
 
 def describe(err: BaseException) -> str:
     """One line naming `err` and, for a wrapped error (dynamo's BackendCompilerFailed), its root."""
-    root = err
-    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None:
+    root, seen = err, {id(err)}
+    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None and id(
+        inner
+    ) not in seen:
         root = inner
+        seen.add(id(root))
     text = f"{type(err).__name__}" + ("" if root is err else f" from {type(root).__name__}")
     detail = next((line.strip() for line in str(root).splitlines() if line.strip()), "")
     return f"{text}: {detail}"[:300] if detail else text
 
 
+def _config_patches(backward: bool) -> ExitStack:
+    """Compile-time settings, each where this torch has it: past the recompile limit, raise (dynamo
+    would otherwise run eagerly without a word) and, for passes that are differentiated, compile
+    the backward with the forward (AOTAutograd otherwise compiles it lazily inside `backward()`,
+    where a failure could not fall back)."""
+    stack = ExitStack()
+    for config, key in (
+        (torch._dynamo.config, "fail_on_recompile_limit_hit"),
+        *([(torch._functorch.config, "force_non_lazy_backward_lowering")] if backward else []),
+    ):
+        if key in config.get_config_copy():
+            stack.enter_context(config.patch(**{key: True}))
+    return stack
+
+
 class Compiled:
-    """`torch.compile(model.forward)`, eager from its first failure on (`failed` says why)."""
+    """`torch.compile(model.forward)`, eager from its first failure on (`failed` says why).
+
+    Each wrapper keeps its own compiled entries and recompile limit (`isolate_recompiles`, where
+    torch has it): the student and teacher share a class, and decoding and forward passes compile
+    the same `forward`, so by default they would all count against one limit."""
 
     def __init__(
         self,
@@ -62,16 +90,23 @@ class Compiled:
         dynamic: bool | None = None,
     ):
         self.purpose = purpose  # named in the fallback warning: "decoding", "forward passes"
+        isolate = (
+            {"isolate_recompiles": True}
+            if "isolate_recompiles" in inspect.signature(torch.compile).parameters
+            else {}
+        )
         self.forward = torch.compile(
-            model.forward, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic
+            model.forward, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic, **isolate
         )
         self.failed: str | None = None
 
     def __call__(self, model: nn.Module, **kwargs):
         if self.failed is None:
-            try:  # past the recompile limit dynamo would run eagerly without a word: raise instead
-                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            try:
+                with _config_patches(backward=torch.is_grad_enabled()):
                     return self.forward(**kwargs)
+            except torch.OutOfMemoryError:
+                raise  # not a compile failure: the eager pass would run out of memory too
             except Exception as err:  # a compile failure: the eager call decides
                 self.failed = describe(err)
                 warnings.warn(
@@ -104,13 +139,13 @@ def uncompile_forwards(model: nn.Module) -> None:
     model.__dict__.pop(_ATTRIBUTE, None)
 
 
-def eager_if_sharded(model: nn.Module) -> None:
+def eager_if_sharded(model: nn.Module, stacklevel: int = 2) -> None:
     """An FSDP2-sharded `model` runs its forward passes eagerly, with a warning, even when marked by
     `compile_forwards` (a compiled `forward` would skip the all-gathers FSDP2 hooks into
     `Module.__call__`); call after sharding."""
     if is_sharded(model) and compiled_forward(model) is not None:
         uncompile_forwards(model)
         warnings.warn(
-            "model.compile_forwards: the student is sharded (FSDP2), so its forward passes run eagerly",
-            stacklevel=2,
+            f"model.compile_forwards: {type(model).__name__} is sharded (FSDP2), so its forward passes run eagerly",
+            stacklevel=stacklevel,
         )

@@ -124,7 +124,7 @@ def eager_if_sharded(model: nn.Module) -> None:
     """An FSDP2-sharded `model` decodes eagerly, with a warning, even when marked for compiled
     decoding (compiling through FSDP2's hooks is untested), and runs its forward passes eagerly
     (`distill.models.compiled.eager_if_sharded`); call after sharding."""
-    forwards_eager_if_sharded(model)
+    forwards_eager_if_sharded(model, stacklevel=3)
     if is_sharded(model) and compiled_step(model) is not None:
         uncompile_decoding(model)
         warnings.warn(

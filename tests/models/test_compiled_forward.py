@@ -57,12 +57,13 @@ def test_compiled_logits_and_gradients_equal_the_eager_ones_across_shapes(tiny_s
                 warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager fails the test
                 logits = causal_logits(model, ids, attn, 100, keep)
             logits.float().logsumexp(-1).sum().backward()
-            grads.append({n: p.grad for n, p in model.named_parameters()})
-            model.zero_grad(set_to_none=False)
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            model.zero_grad(set_to_none=True)
             if model is tiny_student:
                 eager = logits
         assert logits.shape == (b, keep, 100)
         torch.testing.assert_close(logits, eager, rtol=0, atol=0)
+        assert any(bool(g.abs().sum() > 0) for g in grads[0].values())  # a gradient to compare
         for name, grad in grads[0].items():
             torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=0, msg=name)
     assert compiled_forward(compiled).failed is None
@@ -104,7 +105,7 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
     the eager module's (through the recording backend)."""
     from distill.module import DistillationModule
     from distill.rl import GRPOModule
-    from tests.test_module import _grads, _rollout
+    from distill.rollout import RolloutBatch
 
     def module(compiled: bool):
         m = DistillationModule(
@@ -119,14 +120,22 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
     backend = Recording()
     for model in (compiled.student, compiled.teacher):
         compile_forwards(model, backend=backend)
-    rollout = _rollout(eager.tokenizer, lengths=[3, 9, 2, 6])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(8, 104, (4, 15), generator=g)
+    attn = torch.ones_like(ids)
+    attn[1, :2] = 0  # a left-padded prompt
+    completion = torch.zeros_like(ids, dtype=torch.bool)
+    completion[:, 6:] = True
+    completion[2, 10:] = False  # a completion that stopped early
+    rollout = RolloutBatch(ids, attn, completion, completion & (torch.rand(4, 15, generator=g) < 0.5), 6)
     want, _, _ = eager.accumulate_gradients(rollout)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         got, _, _ = compiled.accumulate_gradients(rollout)
     assert backend.graphs == 2  # the student's training pass and the teacher's no-grad pass, apart
     torch.testing.assert_close(vars(got), vars(want), rtol=0, atol=0)
-    a, b = _grads(compiled), _grads(eager)
+    a = {n: p.grad for n, p in compiled.student.named_parameters() if p.grad is not None}
+    b = {n: p.grad for n, p in eager.student.named_parameters() if p.grad is not None}
     assert a.keys() == b.keys() and len(a) > 0
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
@@ -134,3 +143,25 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
     policy = GRPOModule(str(quick_world / "student"), compile_forwards=True)
     policy.load_models()
     assert compiled_forward(policy.student) is not None
+
+
+def test_decoding_and_forward_passes_of_one_model_keep_their_own_recompile_limits(tiny_student, char_tok):
+    """Compiled decoding and compiled forward passes compile the same `forward`: each keeps its own
+    entries and limit, so a model with both options does not run out of recompiles early."""
+    from distill.rollout import RolloutSampler
+    from distill.rollout.compiled import compile_decoding, compiled_step, uncompile_decoding
+
+    compile_decoding(tiny_student, backend=Recording())
+    compile_forwards(tiny_student, backend=Recording())
+    ids, attn = _batch(2, 3, 8)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=2), warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager fails the test
+            sampler = RolloutSampler(0.0, "sequence", max_new_tokens=3, temperature=1.0)
+            sampler.sample(tiny_student, tiny_student, ids, attn, seed=0)  # decoding: one graph
+            causal_logits(tiny_student, ids, attn, 100, 4)  # forward passes: training ...
+            with torch.no_grad():
+                causal_logits(tiny_student, ids, attn, 100, 4)  # ... and no-grad: two graphs
+        assert compiled_step(tiny_student).failed is None and compiled_forward(tiny_student).failed is None
+    finally:
+        uncompile_decoding(tiny_student)
