@@ -1,7 +1,8 @@
 """Committed sweep archives regenerate with `distill report`: the tiny-world v1 study
 (`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`), the v2
-run-length sizing (`experiments/results/v2_sizing`) and the v2 study's main grid and style sweep
-(`experiments/results/tiny_grid`, `tiny_style`); the staged archives (RLVR, robustness) below."""
+run-length sizing (`experiments/results/v2_sizing`), the v2 study's main grid and style sweep
+(`experiments/results/tiny_grid`, `tiny_style`) and the knowledge grid (`tiny_sci`); the staged
+archives (RLVR, robustness) below."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
         ("v2_sizing", 2, True),
         ("tiny_grid", 60, True),
         ("tiny_style", 12, True),
+        ("tiny_sci", 24, True),
     ],
 )
 def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_runs, references):
