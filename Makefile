@@ -69,7 +69,7 @@ sweep-rlvr: ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, befo
 	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2 --archive experiments/results/tiny_rlvr
 	$(BIN)/distill report experiments/results/tiny_rlvr
 
-sweep-sci: ## the knowledge domain: teacher-sci -> student-sci, mix {0, 0.5, 1} x {forward, reverse} x lr {3e-4, 1e-3} x 2 seeds (24 runs; measured about 15 min a run with 2 jobs on 2 cores, so about 3 h; resumable), archived in experiments/results/tiny_sci
+sweep-sci: ## the knowledge domain: teacher-sci -> student-sci, mix {0, 0.5, 1} x {forward, reverse} x lr {3e-4, 1e-3} x 2 seeds (24 runs; measured about 15 min a run with 2 jobs on 2 cores, about 2.5 h in all; resumable), archived in experiments/results/tiny_sci
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_sci.yaml --jobs 2 --archive experiments/results/tiny_sci
 	$(BIN)/distill report experiments/results/tiny_sci
