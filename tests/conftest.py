@@ -56,3 +56,25 @@ def tiny_world_cache(quick_world, monkeypatch):
     """Point $DISTILL_CACHE at the quick world, so `tiny-world:teacher` and configs/tiny resolve."""
     monkeypatch.setenv("DISTILL_CACHE", str(quick_world.parent))
     return quick_world
+
+
+class RecordingBackend:
+    """A torch.compile backend that counts the graphs dynamo captured and runs them as captured:
+    what compiled decoding and compiled forward passes hand to dynamo is tested without inductor's
+    code generation."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.fixture
+def recording():
+    """`RecordingBackend` (call it for a backend); dynamo starts and ends the test with nothing
+    compiled, so every test's models compile afresh."""
+    torch._dynamo.reset()
+    yield RecordingBackend
+    torch._dynamo.reset()

@@ -15,23 +15,7 @@ import torch
 from distill.models.compiled import compile_forwards, compiled_forward, eager_if_sharded
 from distill.models.forward import causal_logits
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class Recording:
-    """A torch.compile backend that counts the graphs dynamo captured and runs them as captured."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
+pytestmark = pytest.mark.usefixtures("recording")  # dynamo starts and ends each test empty
 
 
 def _batch(seed: int, b: int, t: int, vocab: int = 100):
@@ -42,12 +26,12 @@ def _batch(seed: int, b: int, t: int, vocab: int = 100):
     return ids, attn
 
 
-def test_compiled_logits_and_gradients_equal_the_eager_ones_across_shapes(tiny_student):
+def test_compiled_logits_and_gradients_equal_the_eager_ones_across_shapes(tiny_student, recording):
     """Three batches of other widths, rows and kept columns: one dynamic graph for all of them
     (not one per shape), and the same logits and parameter gradients as the eager passes."""
     import copy
 
-    backend = Recording()
+    backend = recording()
     compiled = compile_forwards(copy.deepcopy(tiny_student), backend=backend)
     for seed, (b, t, keep) in enumerate([(4, 12, 5), (3, 17, 9), (5, 9, 2)]):
         ids, attn = _batch(seed, b, t)
@@ -88,10 +72,10 @@ def test_a_failing_compile_falls_back_to_eager_with_a_warning(tiny_student):
         causal_logits(tiny_student, ids, attn, 100, 6)
 
 
-def test_a_sharded_model_runs_its_passes_eagerly_with_a_warning(tiny_student, monkeypatch):
+def test_a_sharded_model_runs_its_passes_eagerly_with_a_warning(tiny_student, monkeypatch, recording):
     from distill.models import compiled
 
-    compile_forwards(tiny_student, backend=Recording())
+    compile_forwards(tiny_student, backend=recording())
     eager_if_sharded(tiny_student)  # not sharded: stays compiled
     assert compiled_forward(tiny_student) is not None
     monkeypatch.setattr(compiled, "is_sharded", lambda model: model is tiny_student)
@@ -100,7 +84,7 @@ def test_a_sharded_model_runs_its_passes_eagerly_with_a_warning(tiny_student, mo
     assert compiled_forward(tiny_student) is None
 
 
-def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gradient(quick_world):
+def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gradient(quick_world, recording):
     """`model.compile_forwards` marks both models; the step's means and the student's gradient equal
     the eager module's (through the recording backend)."""
     from distill.module import DistillationModule
@@ -117,7 +101,7 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
     eager, compiled = module(False), module(True)
     assert compiled_forward(eager.student) is None and compiled_forward(eager.teacher) is None
     assert compiled_forward(compiled.student) is not None and compiled_forward(compiled.teacher) is not None
-    backend = Recording()
+    backend = recording()
     for model in (compiled.student, compiled.teacher):
         compile_forwards(model, backend=backend)
     g = torch.Generator().manual_seed(0)
@@ -145,14 +129,16 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
     assert compiled_forward(policy.student) is not None
 
 
-def test_decoding_and_forward_passes_of_one_model_keep_their_own_recompile_limits(tiny_student, char_tok):
+def test_decoding_and_forward_passes_of_one_model_keep_their_own_recompile_limits(
+    tiny_student, char_tok, recording
+):
     """Compiled decoding and compiled forward passes compile the same `forward`: each keeps its own
     entries and limit, so a model with both options does not run out of recompiles early."""
     from distill.rollout import RolloutSampler
     from distill.rollout.compiled import compile_decoding, compiled_step, uncompile_decoding
 
-    compile_decoding(tiny_student, backend=Recording())
-    compile_forwards(tiny_student, backend=Recording())
+    compile_decoding(tiny_student, backend=recording())
+    compile_forwards(tiny_student, backend=recording())
     ids, attn = _batch(2, 3, 8)
     try:
         with torch._dynamo.config.patch(recompile_limit=2), warnings.catch_warnings():

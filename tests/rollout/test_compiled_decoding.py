@@ -16,23 +16,7 @@ from torch import nn
 from distill.rollout import RolloutSampler
 from distill.rollout.compiled import compile_decoding, compiled_step, uncompile_decoding
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()  # every test's models start with no compiled code cached
-    yield
-    torch._dynamo.reset()
-
-
-class Recording:
-    """A torch.compile backend that counts the graphs dynamo captured and runs them as captured."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
+pytestmark = pytest.mark.usefixtures("recording")  # dynamo starts and ends each test empty
 
 
 def rollouts(sampler, student, teacher, prompts, compiled: bool, backend=None, **kwargs):
@@ -66,9 +50,11 @@ def assert_same(a, b):
     # with dynamic sizes); token mixing steps both models in one loop; greedy and seeded draws.
     [(0.5, "sequence", 1.0), (0.5, "token", 0.0)],
 )
-def test_compiled_decoding_writes_the_eager_tokens(student, teacher, prompts, mix, granularity, temperature):
+def test_compiled_decoding_writes_the_eager_tokens(
+    student, teacher, prompts, mix, granularity, temperature, recording
+):
     sampler = RolloutSampler(mix, granularity, max_new_tokens=7, temperature=temperature)
-    backend = Recording()
+    backend = recording()
     eager = rollouts(sampler, student, teacher, prompts, False, seed=4)
     compiled = rollouts(sampler, student, teacher, prompts, True, backend, seed=4)
     assert backend.graphs >= 1  # the decode steps did go through dynamo
@@ -76,30 +62,32 @@ def test_compiled_decoding_writes_the_eager_tokens(student, teacher, prompts, mi
     assert eager.completion_mask.sum(dim=1).max() > 1  # rows decoded several steps, not one
 
 
-def test_compiled_decoding_with_a_teacher_prompt_of_another_width(student, teacher, prompts, char_tok):
+def test_compiled_decoding_with_a_teacher_prompt_of_another_width(
+    student, teacher, prompts, char_tok, recording
+):
     """The teacher reads a longer prompt of its own: each model's static cache has its own width."""
     own = char_tok(["ctx: 12 34=46:", "ctx: 5 6=", "ctx: ab"], return_tensors="pt", padding=True)
     sampler = RolloutSampler(0.5, "token", max_new_tokens=6, temperature=1.0)
     extra = dict(seed=2, teacher_input_ids=own.input_ids, teacher_attention_mask=own.attention_mask)
     eager = rollouts(sampler, student, teacher, prompts, False, **extra)
-    compiled = rollouts(sampler, student, teacher, prompts, True, Recording(), **extra)
+    compiled = rollouts(sampler, student, teacher, prompts, True, recording(), **extra)
     assert_same(eager, compiled)
     assert torch.equal(eager.teacher_input_ids, compiled.teacher_input_ids)
 
 
-def test_the_mask_shows_each_step_exactly_the_slots_written(student, teacher, prompts):
+def test_the_mask_shows_each_step_exactly_the_slots_written(student, teacher, prompts, recording):
     """Full width from the start: the prompt's mask, then ones up to the slot being fed, zeros
     after (FlashAttention reads the 2-D mask as it is, with no causal offset to hide the rest)."""
     sampler = RolloutSampler(0.0, "sequence", max_new_tokens=5, temperature=1.0)
-    compile_decoding(student, backend=Recording())
+    compile_decoding(student, backend=recording())
     step = compiled_step(student)
     seen, real = [], step.forward
 
-    def recording(**kwargs):
+    def spy(**kwargs):
         seen.append(kwargs["attention_mask"].clone())
         return real(**kwargs)
 
-    step.forward = recording
+    step.forward = spy
     try:
         sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=0)
     finally:
@@ -113,7 +101,7 @@ def test_the_mask_shows_each_step_exactly_the_slots_written(student, teacher, pr
 
 
 def test_the_cache_grows_a_block_at_a_time_and_writes_the_eager_tokens(
-    student, teacher, prompts, char_tok, monkeypatch
+    student, teacher, prompts, char_tok, monkeypatch, recording
 ):
     """Blocks of 2 slots for a 7-token budget: the cache and the mask hold 2, then 4, then 6 slots
     past the prompt, for both models at their own prompt widths, with the tokens of eager decoding."""
@@ -125,16 +113,16 @@ def test_the_cache_grows_a_block_at_a_time_and_writes_the_eager_tokens(
     extra = dict(seed=5, teacher_input_ids=own.input_ids, teacher_attention_mask=own.attention_mask)
     eager = rollouts(sampler, student, teacher, prompts, False, **extra)
     widths = []
-    compile_decoding(student, backend=Recording())
+    compile_decoding(student, backend=recording())
     step = compiled_step(student)
     real = step.forward
 
-    def recording(**kwargs):
+    def spy(**kwargs):
         widths.append(kwargs["attention_mask"].shape[1] - prompts.input_ids.shape[1])
         return real(**kwargs)
 
-    step.forward = recording
-    compile_decoding(teacher, backend=Recording())
+    step.forward = spy
+    compile_decoding(teacher, backend=recording())
     try:
         got = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, **extra)
     finally:
@@ -146,11 +134,11 @@ def test_the_cache_grows_a_block_at_a_time_and_writes_the_eager_tokens(
     assert widths == [min(2 * (k // 2 + 1), 7) for k in range(steps - 1)]  # 2, 2, 4, 4, 6, 6
 
 
-def test_one_model_decodes_batches_of_other_shapes(student, teacher, prompts):
+def test_one_model_decodes_batches_of_other_shapes(student, teacher, prompts, recording):
     """Another batch size and prompt width for the same compiled model (dynamo compiles again
     with dynamic sizes), one row included: still the eager tokens."""
     sampler = RolloutSampler(0.0, "sequence", max_new_tokens=5, temperature=1.0)
-    backend = Recording()
+    backend = recording()
     compile_decoding(student, backend=backend)
     try:
         for rows in ([0, 1, 2], [1, 2], [2]):
@@ -183,12 +171,14 @@ def test_a_failing_compile_falls_back_to_eager_with_a_warning(student, teacher, 
         uncompile_decoding(student)
 
 
-def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(student, teacher, prompts):
+def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(
+    student, teacher, prompts, recording
+):
     """Past dynamo's recompile limit it would run the step eagerly without a word; here it says so.
     (`config.patch`, not monkeypatch: undoing a monkeypatch of a torch config module deletes the
     entry for the rest of the session.)"""
     sampler = RolloutSampler(0.0, "sequence", max_new_tokens=4, temperature=1.0)
-    compile_decoding(student, backend=Recording())
+    compile_decoding(student, backend=recording())
     try:
         with torch._dynamo.config.patch(recompile_limit=1):
             sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=0)
@@ -202,10 +192,10 @@ def test_the_recompile_limit_is_a_fallback_with_a_warning_not_a_silent_one(stude
     assert torch._dynamo.config.recompile_limit > 1  # restored
 
 
-def test_a_sharded_model_decodes_eagerly_with_a_warning(student, monkeypatch):
+def test_a_sharded_model_decodes_eagerly_with_a_warning(student, monkeypatch, recording):
     from distill.rollout import compiled
 
-    compile_decoding(student, backend=Recording())
+    compile_decoding(student, backend=recording())
     compiled.eager_if_sharded(student)  # not sharded: stays compiled
     assert compiled_step(student) is not None
     monkeypatch.setattr(compiled, "is_sharded", lambda model: model is student)
