@@ -22,9 +22,9 @@ Fallback: a compile that fails (no C++ compiler, a graph break under `fullgraph`
 recompile limit) warns once, naming the error, and the model runs eagerly from then on. The call
 is retried eagerly: a forward changes no state, so nothing is lost. The backward of a pass with
 gradients is compiled with its forward (not lazily inside `backward()`), so that its failure falls
-back the same way. Running out of memory is raised, not treated as a compile failure. A model sharded with FSDP2
-(whose hooks run in `Module.__call__`, which a compiled `forward` skips) is left eager
-(`eager_if_sharded`).
+back the same way. Running out of memory is raised, not treated as a compile failure. A model
+sharded with FSDP2 (whose hooks run in `Module.__call__`, which a compiled `forward` skips) is left
+eager (`eager_if_sharded`).
 
 The same wrapper serves compiled decoding (`distill.rollout.compiled`), which compiles the decode
 step over a static KV cache.
@@ -35,7 +35,6 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable
-from contextlib import ExitStack
 
 import torch
 import torch._functorch.config  # noqa: F401  (torch._functorch.config is not imported by `import torch`)
@@ -49,29 +48,28 @@ _ATTRIBUTE = "_distill_compiled_forward"  # on the model itself: freed with it
 def describe(err: BaseException) -> str:
     """One line naming `err` and, for a wrapped error (dynamo's BackendCompilerFailed), its root."""
     root, seen = err, {id(err)}
-    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None and id(
-        inner
-    ) not in seen:
+    while True:
+        inner = root.__cause__ or getattr(root, "inner_exception", None)
+        if inner is None or id(inner) in seen:  # the end of the chain, or a cycle
+            break
         root = inner
-        seen.add(id(root))
+        seen.add(id(inner))
     text = f"{type(err).__name__}" + ("" if root is err else f" from {type(root).__name__}")
     detail = next((line.strip() for line in str(root).splitlines() if line.strip()), "")
     return f"{text}: {detail}"[:300] if detail else text
 
 
-def _config_patches(backward: bool) -> ExitStack:
-    """Compile-time settings, each where this torch has it: past the recompile limit, raise (dynamo
-    would otherwise run eagerly without a word) and, for passes that are differentiated, compile
-    the backward with the forward (AOTAutograd otherwise compiles it lazily inside `backward()`,
-    where a failure could not fall back)."""
-    stack = ExitStack()
-    for config, key in (
-        (torch._dynamo.config, "fail_on_recompile_limit_hit"),
-        *([(torch._functorch.config, "force_non_lazy_backward_lowering")] if backward else []),
-    ):
-        if key in config.get_config_copy():
-            stack.enter_context(config.patch(**{key: True}))
-    return stack
+def _available(config, *keys: str) -> dict[str, bool]:
+    """`{key: True}` for each key this torch's config module has (read once: a copy costs ~1 ms)."""
+    present = config.get_config_copy()
+    return {key: True for key in keys if key in present}
+
+
+# Past the recompile limit, raise (dynamo would otherwise run eagerly without a word); for passes
+# that are differentiated, compile the backward with the forward (AOTAutograd otherwise compiles it
+# lazily inside `backward()`, where a failure could not fall back).
+_DYNAMO_PATCH = _available(torch._dynamo.config, "fail_on_recompile_limit_hit")
+_BACKWARD_PATCH = _available(torch._functorch.config, "force_non_lazy_backward_lowering")
 
 
 class Compiled:
@@ -103,7 +101,8 @@ class Compiled:
     def __call__(self, model: nn.Module, **kwargs):
         if self.failed is None:
             try:
-                with _config_patches(backward=torch.is_grad_enabled()):
+                backward = _BACKWARD_PATCH if torch.is_grad_enabled() else {}
+                with torch._dynamo.config.patch(**_DYNAMO_PATCH), torch._functorch.config.patch(**backward):
                     return self.forward(**kwargs)
             except torch.OutOfMemoryError:
                 raise  # not a compile failure: the eager pass would run out of memory too
