@@ -70,6 +70,12 @@ def _available(config, *keys: str) -> dict[str, bool]:
 # lazily inside `backward()`, where a failure could not fall back).
 _DYNAMO_PATCH = _available(torch._dynamo.config, "fail_on_recompile_limit_hit")
 _BACKWARD_PATCH = _available(torch._functorch.config, "force_non_lazy_backward_lowering")
+# Each wrapper's own compiled entries and recompile limit (see `Compiled`), where torch has it.
+_ISOLATE = (
+    {"isolate_recompiles": True}
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters
+    else {}
+)
 
 
 class Compiled:
@@ -88,13 +94,8 @@ class Compiled:
         dynamic: bool | None = None,
     ):
         self.purpose = purpose  # named in the fallback warning: "decoding", "forward passes"
-        isolate = (
-            {"isolate_recompiles": True}
-            if "isolate_recompiles" in inspect.signature(torch.compile).parameters
-            else {}
-        )
         self.forward = torch.compile(
-            model.forward, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic, **isolate
+            model.forward, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic, **_ISOLATE
         )
         self.failed: str | None = None
 
