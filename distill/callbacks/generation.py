@@ -9,6 +9,7 @@ from torch import Tensor
 
 from distill.data.prompts import PromptCollator
 from distill.models.forward import causal_logits, eval_no_grad
+from distill.precision import step_precision
 from distill.rollout import RolloutBatch, RolloutSampler
 
 
@@ -49,17 +50,23 @@ def student_rollouts(
     for start in range(0, len(rows), batch_size):
         enc = collate.student(rows[start : start + batch_size])  # no teacher-only context here
         ids, mask = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
-        out.append(sampler.sample(student, teacher, ids, mask, seed=seed))
+        with step_precision(trainer):  # the trained policy's precision (`distill.precision`)
+            out.append(sampler.sample(student, teacher, ids, mask, seed=seed))
     return out
 
 
 def next_token_logits(
-    model, input_ids: Tensor, attention_mask: Tensor, vocab_size: int, keep: int | None = None
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    vocab_size: int,
+    keep: int | None = None,
+    trainer=None,
 ) -> Tensor:
     """Logits `[B, T-1, vocab_size]` predicting tokens 1..T-1 (with `keep` = K: the last K only,
     see `distill.models.forward.causal_logits`), in eval mode without gradients (positions counted
-    from each row's first real token, as in training)."""
-    with eval_no_grad(model):
+    from each row's first real token, as in training), under `trainer`'s step precision."""
+    with eval_no_grad(model), step_precision(trainer):
         return causal_logits(model, input_ids, attention_mask, vocab_size, keep)
 
 

@@ -157,7 +157,7 @@ class TaskEvaluation(L.Callback):
             step = max(1, LOGIT_BUDGET // (keep * pl_module.vocab_size))
             for r in range(0, rollout.batch_size, step):
                 ids, attn = rollout.input_ids[r : r + step], rollout.attention_mask[r : r + step]
-                logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size, keep)
+                logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size, keep, trainer)
                 s, c = masked_sum_count(token_entropy(logits), mask[r : r + step, -keep:])
                 entropy_sum, entropy_count = entropy_sum + s, entropy_count + c
         by_problem = [slice(i, i + n) for i in range(0, len(correct), n)]

@@ -128,6 +128,10 @@ def _run(
     return values, grad, stats
 
 
+def _no_autocast(x: Tensor) -> torch.autocast:
+    return torch.autocast(x.device.type, enabled=False)
+
+
 class ChunkedDivergence(torch.autograd.Function):
     """``apply(student, teacher, rows, row_scale, plan, grad_enabled)`` (pass
     ``torch.is_grad_enabled()`` as the last: inside ``forward`` it is always off; `plan`: `ChunkPlan`).
@@ -142,7 +146,8 @@ class ChunkedDivergence(torch.autograd.Function):
     def forward(ctx, student, teacher, rows, row_scale, plan: ChunkPlan, grad_enabled: bool):
         # needs_input_grad is True even under torch.no_grad(), where no backward can follow
         want_grad = ctx.needs_input_grad[0] and grad_enabled
-        with torch.no_grad():
+        # Under autocast (`bf16-mixed`) a kernel's matmuls would run in bf16: the chunks are float32.
+        with torch.no_grad(), _no_autocast(student):
             values, grad, stats = _run(plan, student, teacher, rows, row_scale, want_grad)
         ctx.grad = grad
         ctx.plan = replace(plan, statistics=False)  # a recomputing backward needs no statistics
@@ -161,7 +166,7 @@ class ChunkedDivergence(torch.autograd.Function):
         ctx.grad = None  # drop our reference so autograd may take the buffer without a copy
         if grad is None:  # a second backward through a retained graph: recompute
             student, teacher, rows, row_scale = ctx.saved_tensors
-            with torch.no_grad():
+            with torch.no_grad(), _no_autocast(student):
                 _, grad, _ = _run(ctx.plan, student, teacher, rows, row_scale, True)
         if ctx.plan.reduce:
             if not bool(grad_out == 1):
