@@ -6,20 +6,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import lightning as L
-import torch.nn.functional as F
 
 from distill.callbacks.contract import StudentHolder, require
-from distill.callbacks.generation import log_scalars, next_token_logits, student_rollouts
+from distill.callbacks.generation import log_scalars, student_rollouts
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
+from distill.models.forward import causal_nll, eval_no_grad
 from distill.parallel import gathered
+from distill.precision import step_precision
 from distill.rollout import RolloutSampler
 from distill.tasks.qa_datasets import FILE_BUILDERS, parse_spec
 from distill.tasks.registry import get_task
 from distill.tasks.text_datasets import TextSet, is_text_spec, load_text_set
 
 ROWS_SEED = 7919  # retention rows: fixed, so every run and every step scores the same examples
+# Float32 logits per LM-head chunk of the text NLL (~260 positions at 128k vocabularies): full
+# [B, T, V] logits of 32 texts would take ~16 MB per padded column (issue 31).
+NLL_LOGIT_BUDGET_MB = 128.0
 
 
 def load_nll_texts(nll_texts: Mapping[str, Sequence[str] | str] | None) -> dict[str, list[str] | TextSet]:
@@ -118,6 +122,7 @@ class Forgetting(L.Callback):
         max_new_tokens: greedy completion budget for task sets (a chat model reasoning before its
             answer needs a few hundred tokens).
         batch_size: sequences per generation or forward pass.
+        max_text_tokens: tokens kept from the start of each NLL text (longer ones are truncated).
     """
 
     def __init__(
@@ -128,6 +133,7 @@ class Forgetting(L.Callback):
         nll_texts: Mapping[str, Sequence[str] | str] | None = None,
         max_new_tokens: int = 32,
         batch_size: int = 128,
+        max_text_tokens: int = 512,
     ):
         owner = "Forgetting"
         self.sets = check_tasks(owner, "sets", list(sets)) if list(sets) else []
@@ -139,6 +145,7 @@ class Forgetting(L.Callback):
         self.nll_texts = {k: v.select() if isinstance(v, TextSet) else v for k, v in loaded.items()}
         self.max_new_tokens = check_int(f"{owner}.max_new_tokens", max_new_tokens, 1)
         self.batch_size = check_int(f"{owner}.batch_size", batch_size, 1)
+        self.max_text_tokens = check_int(f"{owner}.max_text_tokens", max_text_tokens, 2)
         clash = sorted(set(self.sets) & set(self.nll_texts))
         if clash:
             raise ValueError(
@@ -194,7 +201,8 @@ class Forgetting(L.Callback):
         if trainer.global_step == self.last_step:
             return  # already measured these weights (e.g. the last interval is the last step)
         self.last_step = trainer.global_step
-        with gathered(pl_module.student):  # under FSDP: one gather for the whole measurement
+        # Under FSDP one gather for the whole measurement; under the step's precision (the text NLL too).
+        with gathered(pl_module.student), step_precision(trainer):
             scores = self.scores(trainer, pl_module)
         if self.baseline is None:
             self.baseline = scores
@@ -227,18 +235,22 @@ class Forgetting(L.Callback):
     def nll_per_token(self, pl_module, texts: list[str]) -> float:
         """Mean negative log-likelihood (nats) of the texts' tokens under the student, each token
         predicted from the tokens before it (the first token of each text is context only)."""
-        tokenizer, total, count = pl_module.tokenizer, 0.0, 0
+        tokenizer, student, total, count = pl_module.tokenizer, pl_module.student, 0.0, 0
         for start in range(0, len(texts), self.batch_size):
             enc = tokenizer(
-                texts[start : start + self.batch_size], return_tensors="pt", padding=True, truncation=True
+                texts[start : start + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_text_tokens,
             )
             ids, attn = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
-            logits = next_token_logits(pl_module.student, ids, attn, pl_module.vocab_size)
-            nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
             # A target counts when it and its context token are real (either padding side).
             mask = attn[:, 1:].bool() & attn[:, :-1].bool()
-            total += float(nll[mask].sum())
-            count += int(mask.sum())
+            with eval_no_grad(student):
+                nll = causal_nll(student, ids, attn, pl_module.vocab_size, mask, NLL_LOGIT_BUDGET_MB)
+            total += float(nll.sum())
+            count += nll.numel()
         if count == 0:
             raise ValueError(
                 "Forgetting: the NLL texts tokenise to no predictable tokens (each needs >= 2 tokens)"

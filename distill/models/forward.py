@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch import nn
 
@@ -70,6 +71,54 @@ def causal_logits(
     compiled = compiled_forward(model)
     out = model(**inputs) if compiled is None else compiled(model, **inputs)
     return out.logits[:, -(width + 1) : -1, :vocab_size]
+
+
+def causal_nll(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vocab_size: int,
+    mask: torch.Tensor,
+    budget_mb: float,
+) -> torch.Tensor:
+    """Float32 negative log-likelihoods `[N]` of the tokens `mask` selects (`[B, T-1]`, aligned as
+    `causal_logits` aligns tokens 1..T-1), in row-major order, with only `budget_mb` MiB of float32
+    logits alive at once (cross-entropy holds one more chunk of the same size), never `[B, T, V]`.
+
+    The trunk runs once, through the model's own forward (so FSDP's hooks run) with
+    `logits_to_keep=1`, while a hook keeps its decoder's final hidden states; the LM head then
+    scores the selected positions in chunks (`row_chunks`). Applying the head by hand would skip
+    whatever a head does besides the projection (final soft-capping, a logit scale), so the last
+    position's logits are checked against the model's own and such a model is refused. It runs
+    the eager forward even for a model marked by `compile_forwards`: the hook needs it."""
+    if not forward_accepts(model, "logits_to_keep"):
+        raise ValueError(f"{type(model).__name__}.forward takes no logits_to_keep: cannot score text lean")
+    captured = []
+    hook = model.get_decoder().register_forward_hook(lambda module, args, out: captured.append(out[0]))
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    try:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=1,
+            use_cache=False,
+        )
+    finally:
+        hook.remove()
+    hidden, head = captured[-1], model.get_output_embeddings()
+    if not torch.allclose(head(hidden[:, -1:]).float(), out.logits.float(), 1e-2, 1e-2, equal_nan=True):
+        raise ValueError(
+            f"{type(model).__name__}'s logits are not its LM head applied to its decoder's output "
+            "(soft-capping or scaling?): cannot score text lean"
+        )
+    hidden, targets = hidden[:, :-1][mask], input_ids[:, 1:][mask]
+    nll = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
+    for rows in row_chunks(targets.numel(), 1, out.logits.shape[-1], budget_mb, 4):
+        logits = head(hidden[rows])[:, :vocab_size].float()
+        nll[rows] = F.cross_entropy(logits, targets[rows], reduction="none")
+        del logits  # before the next chunk's logits exist, not after
+    return nll
 
 
 def row_chunks(batch: int, width: int, vocab_size: int, budget_mb: float, itemsize: int) -> list[slice]:

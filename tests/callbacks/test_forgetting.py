@@ -1,18 +1,26 @@
 """Forgetting: a tiny student taught a retention set and then trained on something else forgets it,
 and the callback's delta says so; NLL text sets (lists, files, text specs); dataset-spec sets stay
-disjoint from the run's training rows; the step-0 baseline survives resuming."""
+disjoint from the run's training rows; the step-0 baseline survives resuming; the text NLL is
+computed lean (LM head in chunks, never full float32 logits; issue 31) and capped per text."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from transformers import LlamaForCausalLM
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from distill.callbacks import Forgetting, forgetting
+from distill.models.forward import causal_nll
+from distill.models.tiny import char_tokenizer, llama_config
 from distill.tasks.registry import get_task
 from distill.tasks.text_datasets import load_text_set
 
@@ -109,6 +117,84 @@ def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
     assert resumed.latest["forgetting/t/delta"] != 0.0
 
 
+def direct_nll(model, tokenizer, texts: list[str], vocab_size: int, max_tokens: int | None = None):
+    """Each text's token NLLs (float64), one unpadded text at a time from the full logits, as
+    `nll_per_token` computed them before issue 31."""
+    out = []
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1, :vocab_size]
+        out.append(F.cross_entropy(logits.double(), ids[0, 1:], reduction="none"))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_lean_nll_equals_full_logits_with_padding_on_either_side(tiny_student, fake_module, side):
+    tok = char_tokenizer()
+    tok.padding_side = side
+    module = fake_module(tiny_student)
+    module.tokenizer = tok
+    texts = ["hello world", "ab", "a much longer line of text", "xyz"]
+    expected = direct_nll(tiny_student, tok, texts, len(tok))
+    enc = tok(texts, return_tensors="pt", padding=True)
+    ids, attn = enc["input_ids"], enc["attention_mask"]
+    assert not attn.all()  # padded, on `side`
+    mask = attn[:, 1:].bool() & attn[:, :-1].bool()
+    with torch.no_grad():  # 2 positions per head chunk (112 logits of 4 bytes): many chunk edges
+        lean = causal_nll(tiny_student, ids, attn, len(tok), mask, budget_mb=0.001)
+    torch.testing.assert_close(lean.double(), expected, rtol=1e-5, atol=1e-5)
+    cb = Forgetting(sets=[], nll_texts={"t": texts}, batch_size=3)
+    assert cb.nll_per_token(module, texts) == pytest.approx(float(expected.mean()), rel=1e-5)
+
+
+def test_a_head_that_does_more_than_the_projection_is_refused(tiny_student, char_tok):
+    # As Gemma 2's final soft-capping or a logit scale would: the head applied by hand would miss it.
+    tiny_student.register_forward_hook(lambda m, args, out: CausalLMOutputWithPast(logits=out.logits * 0.5))
+    ids = char_tok(["some text"], return_tensors="pt")["input_ids"]
+    attn = torch.ones_like(ids)
+    with torch.no_grad(), pytest.raises(ValueError, match="not its LM head applied"):
+        causal_nll(tiny_student, ids, attn, len(char_tok), attn[:, 1:].bool(), budget_mb=1.0)
+
+
+class Allocations(TorchDispatchMode):
+    """Shapes of the float32 tensors the ops allocate (outputs sharing an input's storage, such as
+    views, left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+        }
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.dtype == torch.float32
+                and t.untyped_storage().data_ptr() not in inputs
+            ):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_text_nll_never_holds_full_float32_logits(fake_module, monkeypatch):
+    vocab = 4096
+    torch.manual_seed(0)
+    student = LlamaForCausalLM(llama_config(vocab_size=vocab, hidden_size=32, num_layers=1, num_heads=2))
+    texts = ["a line of some forty characters or more", "short", "another text, with a few words"]
+    monkeypatch.setattr(forgetting, "NLL_LOGIT_BUDGET_MB", 0.25)  # 16 positions of 4096 float32 logits
+    cb = Forgetting(sets=[], nll_texts={"t": texts}, batch_size=len(texts))
+    with Allocations() as seen:
+        cb.nll_per_token(fake_module(student), texts)
+    rows = [math.prod(shape[:-1]) for shape in seen.shapes if shape and shape[-1] == vocab]
+    predicted = len(texts) * len(texts[0])  # B * (T - 1): bos + one token per character
+    assert rows and max(rows) <= 16 < predicted
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -120,11 +206,22 @@ def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
         ),
         ({"nll_texts": {"addition": ["a b"]}}, r"names \['addition'\] are in both"),
         ({"every_n_steps": 0}, "Forgetting.every_n_steps must be an integer >= 1, got 0"),
+        ({"max_text_tokens": 1}, "Forgetting.max_text_tokens must be an integer >= 2, got 1"),
     ],
 )
 def test_options_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Forgetting(**kwargs)
+
+
+def test_text_nll_is_capped_at_max_text_tokens(tiny_student, fake_module, char_tok):
+    texts = ["a text much longer than the cap of eight tokens", "tiny"]
+    cb = Forgetting(sets=[], nll_texts={"t": texts}, max_text_tokens=8)
+    capped = direct_nll(tiny_student, char_tok, texts, len(char_tok), max_tokens=8)
+    assert capped.numel() == 7 + 4  # <bos> + 7 characters, <bos> + "tiny"
+    score = cb.nll_per_token(fake_module(tiny_student), texts)
+    assert score == pytest.approx(float(capped.mean()), rel=1e-5)
+    assert score != pytest.approx(float(direct_nll(tiny_student, char_tok, texts, len(char_tok)).mean()))
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
