@@ -25,7 +25,9 @@ class RolloutBatch:
     count the real tokens each model processed during the rollout (prompt prefill plus one per
     still-running row per decode step; padding and finished rows excluded, so the count does not
     depend on how prompts were batched). Teacher rows read from the cache cost no teacher forward
-    tokens; `cached_teacher_rows` says how many there were.
+    tokens; `cached_teacher_rows` says how many there were. `truncated_rows`: rows that wrote no
+    EOS, cut off by `max_new_tokens` (a training budget that truncates many rows distils a policy
+    that never finishes).
 
     Teacher-only context: when the teacher read a prompt of its own, `teacher_input_ids` /
     `teacher_attention_mask` (`[B, T_t]`) are that prompt (left-padded) followed by the same
@@ -44,6 +46,7 @@ class RolloutBatch:
     student_forward_tokens: int = 0
     rollout_seconds: float = 0.0
     cached_teacher_rows: int = 0
+    truncated_rows: int = 0
     teacher_input_ids: Tensor | None = None
     teacher_attention_mask: Tensor | None = None
 

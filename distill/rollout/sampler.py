@@ -437,6 +437,7 @@ class RolloutSampler:
             student_forward_tokens=fwd["student"],
             rollout_seconds=seconds,
             cached_teacher_rows=call.cached,
+            truncated_rows=sum(1 for r in call.rows if r[-1] not in call.eos_ids),
             **teacher_view,
         )
 
