@@ -32,8 +32,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 from distill.checks import check_int
 from distill.data.prompts import PromptCollator, repeat_rows
 from distill.models.loading import load_tokenizer
+from distill.precision import step_precision
 from distill.rollout import RolloutBatch, RolloutSampler
 from distill.seeds import path_seed
+from distill.tasks.qa_datasets import row_metrics
 from distill.tasks.registry import get_task
 
 # Lightning cannot see that the training loader resumes mid-epoch (the DataModule's state restores
@@ -289,6 +291,13 @@ class RolloutDataModule(L.LightningDataModule):
             for dataset in [found] if isinstance(found, Dataset) else found or []:
                 if len(dataset):
                     self.collate([dataset[0]])
+        # QA rows that cannot be scored, per task and split (`qa_datasets.row_metrics`), logged once.
+        loggers = getattr(self.trainer, "loggers", None) or []
+        if loggers and not getattr(self, "_rows_logged", False):
+            self._rows_logged = True
+            counts = row_metrics([self.task, *self.val_tasks, *self.test_tasks])
+            for logger in loggers if counts else []:
+                logger.log_metrics(counts, step=0)
 
     def _ranks(self) -> tuple[int, int]:
         """(world size, this rank) of the attached Trainer; (1, 0) without one (or a stand-in without them)."""
@@ -371,6 +380,12 @@ class RolloutDataModule(L.LightningDataModule):
 
     # --- rollouts ---------------------------------------------------------------------------------
     def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        # Rollouts are sampled under the step's precision (autocast under `*-mixed`): the policy
+        # that writes them is the policy the step trains (`distill.precision`).
+        with step_precision(self.trainer):
+            return self._rollouts(batch, dataloader_idx)
+
+    def _rollouts(self, batch: dict, dataloader_idx: int) -> dict:
         trainer = self.trainer
         module = trainer.lightning_module
         if trainer.training:

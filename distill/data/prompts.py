@@ -3,9 +3,18 @@ context, for the teacher.
 
 A teacher-only context is text only the teacher reads: a system prompt ("Reason in Spanish."), or
 privileged context from the row itself ("Background: {reasoning}"). It is a `str.format` template
-over the row's fields (`{{`/`}}` for literal braces). With a chat template it becomes a system
-message (joined after a blank line to a system message the row already has); with plain-text
-prompts it is put straight before the prompt, so include any separator (e.g. a newline) in it.
+over the row's fields (`{{`/`}}` for literal braces). With plain-text prompts it is put straight
+before the prompt, so include any separator (e.g. a newline) in it.
+
+With a chat template it is added to the system message the student's prompt has, so that it is
+the only difference between the two prompts: after a blank line, to the row's own system message,
+else to the template's default one (Qwen2.5's "You are Qwen, created by Alibaba Cloud. You are a
+helpful assistant.", which a system message of its own would otherwise replace: the teacher would
+differ from the student in two ways, not one; issue 31). A template that writes a system block
+without a default text (Llama 3.x: its "Cutting Knowledge Date" lines) gets the context in that
+block; one that writes none gets a system message holding the context. The default is found by
+rendering the row with and without a probe system message (`template_default_system`).
+
 The student's prompt is unchanged unless a `student_context` is given the same way (rarely
 wanted: a sweep's teacher reference uses it to test the teacher, in the student's place, with the
 context it reads in training).
@@ -49,12 +58,30 @@ def render_context(template: str, row: dict, owner: str = "data.teacher_context"
     return template.format_map({k: row[k] for k in context_fields(template, owner)})
 
 
-def with_system(messages: list[dict], context: str) -> list[dict]:
-    """`messages` with `context` as the system message (after an existing one's text)."""
+# A system message no template writes by itself: where it lands shows where system text goes.
+_PROBE = "@@distill-system-probe@@"
+
+
+def template_default_system(render, messages: list[dict]) -> str | None:
+    """The system text that `render` (messages -> a chat template's text) writes for `messages`,
+    which have no system message: the template's default system prompt, "" for a system block
+    without one (Llama 3.x), None when it writes no system block (nothing to keep)."""
+    bare = render(messages)
+    before, found, after = render([{"role": "system", "content": _PROBE}, *messages]).partition(_PROBE)
+    fits = len(bare) >= len(before) + len(after) and bare.startswith(before) and bare.endswith(after)
+    if not found or _PROBE in after or not fits:
+        return None
+    return bare[len(before) : len(bare) - len(after)]
+
+
+def with_system(messages: list[dict], context: str, default: str | None = None) -> list[dict]:
+    """`messages` with `context` in the system message: after a blank line, to the text of the
+    messages' own system message, else to `default` (the template's default system prompt)."""
     if messages and messages[0].get("role") == "system":
         first = dict(messages[0], content=f"{messages[0]['content']}\n\n{context}")
         return [first, *messages[1:]]
-    return [{"role": "system", "content": context}, *messages]
+    content = f"{default}\n\n{context}" if default else context
+    return [{"role": "system", "content": content}, *messages]
 
 
 class PromptCollator:
@@ -91,12 +118,10 @@ class PromptCollator:
             for r in rows:
                 messages = r["messages"]
                 if context is not None:
-                    messages = with_system(messages, render_context(context, r, owner))
-                texts.append(
-                    self.tokenizer.apply_chat_template(
-                        messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-                    )
-                )
+                    own = bool(messages) and messages[0].get("role") == "system"
+                    default = None if own else template_default_system(self.render, messages)
+                    messages = with_system(messages, render_context(context, r, owner), default)
+                texts.append(self.render(messages))
             enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         else:
             prefix = [render_context(context, r, owner) if context is not None else "" for r in rows]
@@ -104,6 +129,12 @@ class PromptCollator:
                 [p + r["prompt"] for p, r in zip(prefix, rows)], return_tensors="pt", padding=True
             )
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def render(self, messages: list[dict]) -> str:
+        """`messages` through the tokenizer's chat template, ready for the reply."""
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
 
     def student(self, rows: list[dict]) -> dict:
         """The student's prompt batch alone (what callbacks that roll out the student read)."""

@@ -8,8 +8,11 @@ never evaluates text, linear time on hostile text):
 1. The last closed ``<answer>…</answer>`` decides, if there is one (nested tags: the innermost
    last one). Its content may itself say ``\\boxed{C}`` or "The answer is (C)".
 2. Else the last ``\\boxed{…}`` (``\\text{…}`` inside is unwrapped).
-3. Else the last phrase "answer is …" / "answer: …" (e.g. "The answer is (C)", "Answer: C",
-   "the final answer is mitochondria") whose rest of line resolves.
+3. Else the last phrase whose rest of line resolves: "answer is …" / "answer: …" (e.g. "The
+   answer is (C)", "**Answer**: C", "the final answer is mitochondria"), "the correct / right /
+   best / final option (choice, response) is …" (e.g. "The correct option is B) ibuprofen."), or,
+   with options, a letter stated as chosen: "Option B is correct", "B is the correct answer",
+   "I choose (B)".
 
 A fragment resolves to an option by its letter (``C``, ``(c)``, ``C.``, ``**C**``, ``option C``,
 ``C. mitochondria``) within the options' range, or by the option's text (normalised: Unicode NFKC,
@@ -47,9 +50,27 @@ _CLOSE = re.compile(r"<[ \t]*/[ \t]*answer[ \t]*>", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed[ \t]*\{((?:[^{}]|\{[^{}]*\}){0,400})\}")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}")
 # The rest of line is read by a lookahead, so phrases on one line do not hide each other.
-_PHRASE = re.compile(r"\banswer[ \t]*(?:\bis\b[ \t]*:?|:)[ \t]*(?=([^\n]{0,400}))", re.I)
+_PHRASE = re.compile(
+    r"(?:\banswer|\b(?:correct|right|best|final)[ \t]+(?:option|choice|response))[*_ \t]*"
+    r"(?:\b(?:is|would[ \t]+be|should[ \t]+be)\b[ \t]*:?|:)[ \t]*(?=([^\n]{0,400}))",
+    re.I,
+)
+# A letter stated as the choice (multiple choice only): "option B is correct", "B is the correct
+# answer" (the letter is read behind "is", so the scan starts at a word, not at every capital),
+# "I choose (B)". A bare letter must be a capital: "choose a drug" chooses nothing.
+_CHOSEN = re.compile(
+    r"\b(?:option|choice)[ \t]*[(\[]?([A-Za-z])[)\]]?[ \t]+is[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b"
+    r"|\bis(?:(?<=(?<![\w'])(?-i:([A-Z])) is)|(?<=[(\[](?-i:([A-Z]))[)\]] is))"
+    r"[ \t]+the[ \t]+(?:correct|right|best)[ \t]+(?:answer|option|choice)\b"
+    r"|\b(?:choose|select|pick)[ \t]+(?:(?:option|choice)[ \t]*[(\[]?([A-Za-z])[)\]]?|[(\[]?((?-i:[A-Z]))[)\]]?)"
+    r"(?![\w'])",
+    re.I,
+)
 _SENTENCE_END = re.compile(r"(?<=\S)[.!?;](?:\s|$)")
 _MAX_PHRASES = 64  # phrase answers tried, from the last one back
+# Phrases are read in a text's last 100,000 characters (a completion states its answer at its end),
+# which bounds their cost on hostile text whatever its length.
+_PHRASE_WINDOW = 100_000
 _WRAP = " \t\r\n*_`'\"“”‘’«»"
 # A bare letter: "C", "(C)", "[c]", "C.", "C)", "option C", "choice (c):" ("a bacterium" is text).
 _LETTER = re.compile(r"(?:(?:option|choice)\s+)?[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:)]?", re.I)
@@ -141,6 +162,23 @@ def _tag_content(text: str) -> str | None:
     return text[opening.end() : first_close.start()]
 
 
+def _phrases(text: str, options: list[str]) -> list[str]:
+    """The fragments of the last `_MAX_PHRASES` answer phrases of `text`, last first: a phrase's
+    rest of line, or (with options) the letter a statement chose."""
+    text = text[-_PHRASE_WINDOW:]
+    found = deque(_PHRASE.finditer(text), maxlen=_MAX_PHRASES)
+    if options:
+        chosen = deque(_CHOSEN.finditer(text), maxlen=_MAX_PHRASES)
+        found = deque(sorted([*found, *chosen], key=lambda m: m.start()), maxlen=_MAX_PHRASES)
+    return [m.group(1) if m.re is _PHRASE else next(g for g in m.groups() if g) for m in reversed(found)]
+
+
+def _last_phrase(text: str) -> str | None:
+    """The rest of line of the last "answer is …" phrase of `text`."""
+    found = _last(_PHRASE, text[-_PHRASE_WINDOW:])
+    return None if found is None else found.group(1)
+
+
 def _boxed(text: str) -> str | None:
     found = _last(_BOXED, text)
     return None if found is None else _TEXT.sub(r"\1", found.group(1))
@@ -171,9 +209,9 @@ def resolve(fragment: str, options: list[str], depth: int = 0) -> str | None:
         inner = _boxed(fragment)
         if inner is not None and depth == 0:
             return resolve(inner, options, 1)
-        phrase = _last(_PHRASE, fragment)
-        if phrase is not None and depth == 0:
-            return resolve(phrase.group(1), options, 1)
+        phrase = _last_phrase(fragment) if depth == 0 else None
+        if phrase is not None:
+            return resolve(phrase, options, 1)
         if depth > 0:  # a phrase's rest of line: its first sentence ("Paris. It is the capital")
             text = normalise(_SENTENCE_END.split(text, 1)[0])
         return text or None
@@ -185,7 +223,7 @@ def resolve(fragment: str, options: list[str], depth: int = 0) -> str | None:
     if len(matches) == 1:
         return letter(matches[0])
     if depth == 0:  # "<answer>The answer is (C)</answer>", "<answer>\boxed{C}</answer>"
-        for inner in (_boxed(fragment), (m := _last(_PHRASE, fragment)) and m.group(1)):
+        for inner in (_boxed(fragment), _last_phrase(fragment)):
             if inner:
                 found = resolve(inner, options, 1)
                 if found is not None:
@@ -207,8 +245,8 @@ def extract(completion: str, options: list[str] | tuple[str, ...] = ()) -> str |
         boxed = _boxed(completion)
         if boxed is not None:
             return resolve(boxed, options, 1)
-        for match in reversed(deque(_PHRASE.finditer(completion), maxlen=_MAX_PHRASES)):
-            found = resolve(match.group(1), options, 1)
+        for fragment in _phrases(completion, options):
+            found = resolve(fragment, options, 1)
             if found is not None:
                 return found
         return None

@@ -17,7 +17,14 @@ or a local `.json`/`.jsonl`/`.parquet`/`.csv` file (loaded with `datasets.load_d
   letter, or a string of ``A. text`` lines) with `answer` (a letter, a 0-based index, or the
   option's text), or from `correct` plus `distractors`; with neither, `answer` is a free-form text;
 - `val`, `test`: sizes of the held-out subsets (defaults: min(200, 10 %) and min(500, 20 %));
-- `seed` (default 0): fixes the held-out subsets and the option shuffling.
+- `seed` (default 0): fixes the held-out subsets and the option shuffling;
+- `free_form` (`exact`, or `drop`: the `medreason` default): rows without options are scored by
+  exact match of the normalised text, or left out (`QATask.dropped`);
+- `max_skipped_share` (default 0.05): the largest share of the split's rows (those not dropped)
+  that may be unscorable (no question or answer, options not lettered A, B, C…, an answer naming
+  no option); above it loading refuses, saying how many and why: a metric over the rest would
+  quietly measure another set. Skipped rows are counted per reason (`QATask.skip_reasons`), and
+  `row_metrics` gives a run's loggers `data/<task>/skipped_rows`, `…/skipped_share`, `…/dropped_rows`.
 
 Examples: ``sciq:data/sciq_train.jsonl``, ``medreason:`` (the hub's UCSC-VLAA/MedReason),
 ``qa:exam.csv?question=stem&correct=key&distractors=w1,w2,w3&test=100``.
@@ -27,11 +34,13 @@ Presets:
 - `sciq` (`allenai/sciq`): question, correct_answer, distractor1, distractor2, distractor3, support
   (the reference reasoning).
 - `medreason` (`UCSC-VLAA/MedReason`): question, options, answer, reasoning (plus dataset_name and
-  id_in_dataset, unused). Assumed from the dataset's published feature list (derived copies such as
-  MedReason-RL list the same fields): `options` is one string of lettered lines (``A. …``, possibly
-  after an ``Answer Choices:`` header, empty for open questions) and `answer` is the correct
-  option's text or letter. Rows whose answer matches no option are skipped (`QATask.skipped`); rows
-  without options are free-form questions.
+  id_in_dataset, unused), as its feature list and rows show: `options` is one string of lettered
+  lines (``A. …`` or ``A.: …``, maybe after an ``Answer Choices:`` header; empty for open
+  questions); `answer` is the correct option's text, that text then ``. Explanation: …`` (the
+  MedMCQA rows), a letter (``B``, ``B) text``, "The answer is B") or "The final decision is: yes"
+  (PubMedQA style): `gold_index` reads each. Rows without options (free text, e.g. the
+  HuatuoGPT-o1 rows) are dropped: exact match would score them near 0, and MedReason accuracy is
+  reported on its multiple-choice questions.
 
 The loaded rows are split once, by `seed`: a fixed test subset, a fixed validation subset, and the
 rest for training (disjoint). `rows(n, seed, part)` draws from one part: `train` shuffled by `seed`,
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -58,13 +68,17 @@ from distill.tasks import qa
 PARTS = ("train", "val", "test")
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 MAPPING_KEYS = ("question", "options", "answer", "correct", "distractors", "reasoning")
-SPEC_KEYS = ("split", *MAPPING_KEYS, "val", "test", "seed")
+SPEC_KEYS = ("split", *MAPPING_KEYS, "val", "test", "seed", "free_form", "max_skipped_share")
+FREE_FORM = ("exact", "drop")
+MAX_SKIPPED_SHARE = 0.05
+DROPPED = "dropped"  # `_read`'s answer for a row left out on purpose (`free_form=drop`)
 
 
 @dataclass(frozen=True)
 class Preset:
     hub: str
     mapping: dict
+    defaults: dict = field(default_factory=dict)  # spec keys other than the mapping
 
 
 PRESETS: dict[str, Preset] = {
@@ -80,11 +94,15 @@ PRESETS: dict[str, Preset] = {
     "medreason": Preset(
         "UCSC-VLAA/MedReason",
         {"question": "question", "options": "options", "answer": "answer", "reasoning": "reasoning"},
+        {"free_form": "drop"},
     ),
 }
 KINDS = (*PRESETS, "qa")
-_OPTION_LINE = re.compile(r"^\s*[\(\[]?([A-Za-z])[\)\]]?\s*[.:)]\s*(.+?)\s*$")
+_OPTION_LINE = re.compile(r"^\s*[\(\[]?([A-Za-z])[\)\]]?\s*[.:)][.:]?\s*(.+?)\s*$")  # "A. x", "A.: x"
 _OPTION_BARE = re.compile(r"^\s*\(([A-Za-z])\)\s*(.+?)\s*$")
+_EXPLANATION = re.compile(r"\bexplanation[ \t]*:", re.I)  # MedMCQA's "<option>. Explanation: …"
+_LONE_LETTER = re.compile(r"[(\[]?[ \t]*[A-Za-z][ \t]*[)\]]?[ \t]*[.:)]?")
+_DECISION = re.compile(r"\bdecision[ \t]+is[ \t]*:?[ \t*]*(yes|no|maybe)\b", re.I)  # PubMedQA's
 
 
 def task_name(spec: str) -> str:
@@ -111,6 +129,8 @@ class Spec:
     val: int | None
     test: int | None
     seed: int
+    free_form: str = "exact"
+    max_skipped_share: float = MAX_SKIPPED_SHARE
 
 
 def parse_spec(spec: str) -> Spec:
@@ -161,7 +181,16 @@ def parse_spec(spec: str) -> Spec:
         return int(value)
 
     seed = size("seed") or 0
-    return Spec(kind, source, options.get("split") or "train", mapping, size("val"), size("test"), seed)
+    settings = {**(PRESETS[kind].defaults if kind in PRESETS else {}), **options}
+    free_form = check_choice(f"data.task {spec!r} free_form", settings.get("free_form", "exact"), FREE_FORM)
+    share = settings.get("max_skipped_share", str(MAX_SKIPPED_SHARE))
+    try:
+        max_share = float(share)
+    except ValueError:
+        max_share = math.nan
+    check(0 <= max_share <= 1, f"data.task {spec!r} max_skipped_share", share, "a number in [0, 1]")
+    split = options.get("split") or "train"
+    return Spec(kind, source, split, mapping, size("val"), size("test"), seed, free_form, max_share)
 
 
 def load_rows(source: str, split: str):
@@ -195,13 +224,31 @@ def parse_options(value) -> list[str]:
     return [found[k] for k in letters]
 
 
+def _by_text(text: str, options: list[str]) -> int | None:
+    """The one option whose normalised text is `text`'s; None if none or several."""
+    found = [i for i, option in enumerate(options) if qa.normalise(option) == qa.normalise(text)]
+    return found[0] if len(found) == 1 else None
+
+
 def gold_index(value, options: list[str]) -> int | None:
-    """Which option `value` (a letter, a 0-based index, the option's text) names; None if none."""
+    """Which option `value` names; None if none (or several). `value` is a 0-based index, or a text:
+    the option's text, that text then an explanation ("Colle's fascia. Explanation: …"), a letter
+    ("B", "(B)", "B. text", "B) text", "option B", "The answer is B"), or a PubMedQA decision ("The
+    final decision is: yes"). Texts are tried first, so an option written "E. coli" is not E."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
         return value if 0 <= value < len(options) else None
-    found = qa.resolve(str(value), options)
+    text = str(value).strip()
+    head = _EXPLANATION.split(text, maxsplit=1)[0].strip()
+    decision = _DECISION.search(head)
+    # A lone letter is a letter even where an option reads "A" (blood groups): datasets that give
+    # letters are many, and that was always its reading.
+    for said in () if _LONE_LETTER.fullmatch(text) else (text, head, decision and decision.group(1)):
+        found = _by_text(said, options) if said else None
+        if found is not None:
+            return found
+    found = qa.resolve(head, options) if head else None
     return None if found is None else qa.LETTERS.index(found)
 
 
@@ -222,8 +269,16 @@ class QATask:
     name: str  # `task_name(spec)`: slash-free, for metric keys
     items: tuple[Item, ...]
     parts: dict = field(repr=False)  # part -> tuple of item indices
-    skipped: int = 0
+    skipped: int = 0  # rows of the split that cannot be scored
     spec: str = ""
+    dropped: int = 0  # rows left out on purpose (`free_form=drop`)
+    skip_reasons: dict = field(default_factory=dict, repr=False)  # why rows were skipped -> count
+
+    @property
+    def skipped_share(self) -> float:
+        """The share of the split's rows, those not left out on purpose, that cannot be scored."""
+        considered = len(self.items) + self.skipped
+        return self.skipped / considered if considered else 0.0
 
     @property
     def chance(self) -> float:
@@ -267,6 +322,42 @@ class QATask:
         return qa.extract(completion, row["options"] if row is not None else ())
 
 
+def _text(value) -> str:
+    return str(value if value is not None else "").strip()
+
+
+def _read(record: dict, index: int, mapping: dict, parsed: Spec) -> Item | str:
+    """A record as an `Item`, or why it is not one: `DROPPED`, or the reason it cannot be scored."""
+    question = _text(record[mapping["question"]])
+    reasoning = _text(record.get(mapping["reasoning"])) if "reasoning" in mapping else ""
+    if not question:
+        return "no question"
+    if "correct" in mapping:
+        correct = _text(record[mapping["correct"]])
+        wrong = [_text(record[f]) for f in mapping["distractors"].split(",")]
+        options, answer = [correct, *[w for w in wrong if w]], 0
+        if not correct:
+            return "no answer"
+    else:
+        given = record[mapping["options"]] if "options" in mapping else None
+        options, raw = parse_options(given), record[mapping["answer"]]
+        if not options and (given if isinstance(given, (list, tuple, dict)) else _text(given)):
+            return "options not lettered A, B, C..."
+        if not options and not _text(raw):
+            return "no answer"
+        if not options and parsed.free_form == "drop":
+            return DROPPED
+        if not options:
+            return Item(question, (), None, _text(raw), reasoning, index)
+        answer = gold_index(raw, options)
+        if answer is None:
+            return "answer names no option"
+    if len(options) > qa.MAX_OPTIONS:
+        return f"more than {qa.MAX_OPTIONS} options"
+    shuffled = qa.shuffle_options(question, options, answer, parsed.seed)
+    return Item(question, tuple(shuffled.options), shuffled.answer_index, options[answer], reasoning, index)
+
+
 def build(spec: str) -> QATask:
     parsed = parse_spec(spec)
     data = load_rows(parsed.source, parsed.split)
@@ -275,42 +366,29 @@ def build(spec: str) -> QATask:
     needed = [(k, f) for k, v in mapping.items() for f in (v.split(",") if k == "distractors" else [v])]
     for key, name in needed:
         check(name in columns, f"data.task {spec!r} {key}", name, f"a field of the dataset, one of {columns}")
-    items, skipped = [], 0
+    items, reasons, dropped = [], {}, 0
     for index, record in enumerate(data):
-        question = str(record[mapping["question"]] or "").strip()
-        reasoning = str(record.get(mapping.get("reasoning", ""), "") or "") if "reasoning" in mapping else ""
-        if "correct" in mapping:
-            correct = str(record[mapping["correct"]] or "").strip()
-            wrong = [str(record[f] or "").strip() for f in mapping["distractors"].split(",")]
-            options, answer = [correct, *[w for w in wrong if w]], 0
+        found = _read(record, index, mapping, parsed)
+        if isinstance(found, Item):
+            items.append(found)
+        elif found == DROPPED:
+            dropped += 1
         else:
-            options = parse_options(record[mapping["options"]]) if "options" in mapping else []
-            raw = record[mapping["answer"]]
-            answer = gold_index(raw, options) if options else None
-            if options and answer is None:
-                skipped += 1
-                continue
-        unusable = len(options) > qa.MAX_OPTIONS or (options and not options[answer])
-        if (
-            unusable
-            or not question
-            or (not options and not str(record.get(mapping.get("answer", ""), "") or "").strip())
-        ):
-            skipped += 1
-            continue
-        if options:
-            shuffled = qa.shuffle_options(question, options, answer, parsed.seed)
-            item = Item(
-                question, tuple(shuffled.options), shuffled.answer_index, options[answer], reasoning, index
-            )
-        else:
-            text = str(record[mapping["answer"]]).strip()
-            item = Item(question, (), None, text, reasoning, index)
-        items.append(item)
+            reasons[found] = reasons.get(found, 0) + 1
+    skipped = sum(reasons.values())
+    considered = len(items) + skipped
+    share = skipped / considered if considered else 0.0
+    if share > parsed.max_skipped_share:
+        why = ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        raise ValueError(
+            f"data.task {spec!r}: {skipped} of {considered} rows of split {parsed.split!r} ({share:.1%}) "
+            f"cannot be scored ({why}), more than max_skipped_share={parsed.max_skipped_share:g} "
+            "allows; check the field mapping, or raise max_skipped_share in the spec"
+        )
     check(
         bool(items),
         f"data.task {spec!r}",
-        f"{len(data)} records, {skipped} skipped",
+        f"{len(data)} records, {skipped} skipped, {dropped} dropped",
         "a dataset with usable rows",
     )
     order = list(range(len(items)))
@@ -328,7 +406,19 @@ def build(spec: str) -> QATask:
         "val": tuple(order[n_test : n_test + n_val]),
         "train": tuple(order[n_test + n_val :]),
     }
-    return QATask(task_name(spec), tuple(items), parts, skipped, spec)
+    return QATask(task_name(spec), tuple(items), parts, skipped, spec, dropped, reasons)
+
+
+def row_metrics(tasks) -> dict[str, float]:
+    """What a run logs of the QA tasks among `tasks`: ``data/<task>/skipped_rows`` (rows of its
+    split that cannot be scored), ``…/skipped_share`` and ``…/dropped_rows`` (left out on purpose)."""
+    metrics = {}
+    for task in tasks:
+        if isinstance(task, QATask):
+            metrics[f"data/{task.name}/skipped_rows"] = float(task.skipped)
+            metrics[f"data/{task.name}/skipped_share"] = task.skipped_share
+            metrics[f"data/{task.name}/dropped_rows"] = float(task.dropped)
+    return metrics
 
 
 LOADED: dict[str, QATask] = {}  # task name -> task, for `get_task(task.name)` after loading

@@ -52,22 +52,25 @@ def test_sciq_fixture_loads_into_rows_that_score():
 def test_medreason_fixture_parses_option_strings_and_open_questions():
     task = get_task(MEDREASON)
     assert task.skipped == 1  # "Tibia" names none of its options
-    rows = [r for part in ("train", "val", "test") for r in task.rows(20, 0, part)]
-    assert len(rows) == 11
+    assert task.dropped == 2  # the preset leaves out free-text rows (free_form=drop)
+    rows = [r for part in ("train", "val", "test") for r in task.rows(30, 0, part)]
+    assert len(rows) == 21 and all(r["options"] for r in rows)
     source = {r["question"]: r for r in _records(FIXTURES / "medreason.jsonl")}
-    multiple = [r for r in rows if r["options"]]
-    assert len(multiple) == 10 and {len(r["options"]) for r in multiple} == {4, 5}
-    for row in multiple:
-        assert row["answer_text"] == source[row["question"]]["answer"]
+    assert {len(r["options"]) for r in rows} == {3, 4, 5}
+    for row in rows:
+        if row["source_index"] < 10:  # these rows write the option's text (the others: see test_qa_formats)
+            assert row["answer_text"] == source[row["question"]]["answer"]
         assert row["options"][qa.LETTERS.index(row["answer"])] == row["answer_text"]
         assert task.score(row["reference"], row) == 1.0
         assert task.score(f"Reasoning... Answer: {row['answer_text'].lower()}", row) == 1.0
         assert task.score("<answer>Z</answer>", row) == 0.0
-    (open_row,) = [r for r in rows if not r["options"]]
-    assert open_row["answer"] == "Skin" and "letter" not in open_row["prompt"]
-    assert task.score("<answer>skin</answer>", open_row) == 1.0
-    assert task.score("<answer>liver</answer>", open_row) == 0.0
-    assert task.chance == pytest.approx((9 / 4 + 1 / 5) / 11)
+    assert task.chance == pytest.approx((18 / 4 + 2 / 5 + 1 / 3) / 21)
+    kept = get_task(MEDREASON + "&free_form=exact")  # open questions, scored by exact match
+    rows = [r for part in ("train", "val", "test") for r in kept.rows(30, 0, part)]
+    open_row = next(r for r in rows if r["answer"] == "Skin")
+    assert len(rows) == 23 and not open_row["options"] and "letter" not in open_row["prompt"]
+    assert kept.score("<answer>skin</answer>", open_row) == 1.0
+    assert kept.score("<answer>liver</answer>", open_row) == 0.0
 
 
 def test_held_out_parts_are_fixed_and_disjoint_from_training():
@@ -114,8 +117,9 @@ def test_custom_mappings_from_csv_parquet_and_json(tmp_path):
     flat.append({"q": "No key?", "right": "", "bad": "maybe"})  # an empty correct answer: skipped
     Dataset.from_list(flat).to_csv(tmp_path / "flat.csv", index=False)
     Dataset.from_list(flat).to_parquet(tmp_path / "flat.parquet")
-    for name in ("flat.csv", "flat.parquet"):
-        task = get_task(f"qa:{tmp_path / name}?question=q&correct=right&distractors=bad&test=2&val=1")
+    for name in ("flat.csv", "flat.parquet"):  # 1 of 11 unscorable: over the default 5 % share
+        spec = f"qa:{tmp_path / name}?question=q&correct=right&distractors=bad&test=2&val=1"
+        task = get_task(spec + "&max_skipped_share=0.1")
         assert task.chance == pytest.approx(0.5) and task.skipped == 1
         for row in task.rows(10, 0, "train"):
             assert task.score(f"<answer>{row['answer_text']}</answer>", row) == 1.0
