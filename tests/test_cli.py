@@ -161,6 +161,12 @@ def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, m
     )
     env = json.loads((run / "env.json").read_text())
     assert env["packages"]["torch"] and "revision" in env["git"]
+    # the world each model came from (the quick world here), and the weights' fingerprint
+    assert {role: m["tiny_world"]["version"] for role, m in env["models"].items()} == {
+        "student": "quick",
+        "teacher": "quick",
+    }
+    assert env["models"]["teacher"]["path"] == str(tiny_world_cache / "teacher")
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     assert {"train/loss", "train/forward_kl", "train/reverse_kl"} <= set(events.Tags()["scalars"])

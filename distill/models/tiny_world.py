@@ -33,6 +33,7 @@ this module measures, builds, installs and verifies.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -85,6 +86,22 @@ def assets_dir(version: str = "v2") -> Path:
 def committed_build(recipe: Recipe) -> Path | None:
     """The committed build of a full recipe (None for others, e.g. `QUICK`)."""
     return next((assets_dir(v) for v, r in VERSIONS.items() if r == recipe), None)
+
+
+def world_of(model_dir: str | Path) -> dict | None:
+    """Which tiny world a model directory belongs to, for a run's record (`env.json`): the world's
+    version (`v2`, `v1`, `quick`, else `custom`: the recipe in its `quality.json` is none of the
+    named ones), the model's name in it and a fingerprint of its weights (the first 16 hex digits
+    of the SHA-256 of `model.safetensors`). None for a directory outside a tiny world."""
+    folder = Path(model_dir)
+    try:
+        quality = json.loads((folder.parent / "quality.json").read_text())
+        weights = (folder / "model.safetensors").read_bytes()
+    except (OSError, ValueError):
+        return None
+    named = {**VERSIONS, "quick": QUICK}
+    version = next((v for v, r in named.items() if quality.get("recipe") == _recipe_json(r)), "custom")
+    return {"version": version, "model": folder.name, "fingerprint": hashlib.sha256(weights).hexdigest()[:16]}
 
 
 # --- measuring -----------------------------------------------------------------------------------
