@@ -33,6 +33,7 @@ this module measures, builds, installs and verifies.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -49,7 +50,7 @@ from transformers import LlamaForCausalLM
 from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, task_accuracy
 from distill.models.tiny import char_tokenizer
 from distill.models.tiny_world_recipes import QUICK, V1, V2, VERSIONS, Bar, ModelRecipe, Recipe
-from distill.models.tiny_world_train import Log, corpus_digest, duration, train_model
+from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, corpus_digest, duration, train_model
 from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior, tinysci
 from distill.tasks.registry import get_task
@@ -221,7 +222,13 @@ class BarsMissed(RuntimeError):
     """The build finished but a validity bar of its recipe does not hold (see quality.json)."""
 
 
-def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | None = None) -> dict:
+def build(
+    out: Path,
+    recipe: Recipe = V2,
+    force: bool = False,
+    assets: Path | None = None,
+    every: datetime.timedelta | int = CHECKPOINT_EVERY,
+) -> dict:
     """Build (or reuse) a tiny world in `out`; returns the quality figures.
 
     Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
@@ -229,14 +236,21 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
     installed instead of retrained, unless `out` holds models of an interrupted or failed build of
     this recipe: then the build resumes, and each model already trained in `out` with the same
     recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
-    retrains everything). After training, every bar of the recipe is checked; a missed bar raises
+    retrains everything). A model checkpoints its training state every `every` (wall time, or an
+    int: optimiser steps) into `out/.checkpoints/NAME`, so a build killed mid-model resumes there
+    with the weights an uninterrupted build would have. After training, every bar of the recipe is checked; a missed bar raises
     `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
     if not force and _is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
-    partial = [name for name, _ in recipe.models if _record_matches(out / name, _stamp(recipe, name))]
+    partial = [
+        name
+        for name, _ in recipe.models
+        if _record_matches(out / name, _stamp(recipe, name))
+        or _checkpoint_matches(out, name, _stamp(recipe, name))
+    ]
     if not force and not partial and assets is not None and _is_built(assets, recipe):
         print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
         for extra in ("quality.json", "build.log"):
@@ -267,10 +281,18 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
             resumed.append(name)
             reused_seconds += seconds
         else:
-            t0 = time.time()
             init = models[model_recipe.init_from] if model_recipe.init_from else None
-            model = train_model(model_recipe, tokenizer, recipe.seed, name, log, init=init)
-            seconds = round(time.time() - t0, 1)
+            checkpoints = _checkpoints(out, name, stamp, force)
+            model, seconds = train_model(
+                model_recipe,
+                tokenizer,
+                recipe.seed,
+                name,
+                log,
+                init=init,
+                checkpoints=checkpoints,
+                every=every,
+            )
             record = {"stamp": stamp, "train_seconds": seconds}
             _replace_dir(
                 out / name,
@@ -280,6 +302,7 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
                     write_json_atomic(Path(tmp) / MODEL_RECORD, record),
                 ),
             )
+            shutil.rmtree(checkpoints)  # the model is saved: its training state is not needed
         quality[f"{_key(name)}_train_seconds"] = seconds
         models[name] = model
         log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
@@ -300,6 +323,29 @@ def build(out: Path, recipe: Recipe = V2, force: bool = False, assets: Path | No
             f"the tiny world in {out} misses {len(failed)} validity bar(s): " + "; ".join(failed)
         )
     return quality
+
+
+CHECKPOINTS = ".checkpoints"  # out/.checkpoints/NAME: a model's training state while it trains
+
+
+def _checkpoint_matches(out: Path, name: str, stamp: dict) -> bool:
+    """`out` holds training state of `name` from a build with the same stamp (an interrupted one)."""
+    try:
+        record = json.loads((out / CHECKPOINTS / name / MODEL_RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return record.get("stamp") == stamp
+
+
+def _checkpoints(out: Path, name: str, stamp: dict, force: bool) -> Path:
+    """The folder `name` checkpoints into: one of the same stamp (recipe, corpus, seed, threads)
+    is resumed; any other, or any with `force`, is emptied first."""
+    folder = out / CHECKPOINTS / name
+    if force or not _checkpoint_matches(out, name, stamp):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        write_json_atomic(folder / MODEL_RECORD, {"stamp": stamp})
+    return folder
 
 
 def _replace_dir(target: Path, fill) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import hashlib
 import itertools
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import LlamaForCausalLM
 
@@ -50,23 +52,28 @@ def _chunk_seed(seed: int, chunk: int) -> int:
 
 class MixtureStream(IterableDataset):
     """An endless, seeded stream of (prompt, completion) rows, each drawn from the mixture: per
-    chunk of 256, row i of the drawn task's chunk (v1's stream, unchanged)."""
+    chunk of 256, row i of the drawn task's chunk (v1's stream, unchanged). `start` rows are skipped
+    (a resumed build): whole chunks only advance the task draws, nothing is generated for them."""
 
-    def __init__(self, recipe: ModelRecipe, seed: int):
-        self.recipe, self.seed = recipe, seed
+    def __init__(self, recipe: ModelRecipe, seed: int, start: int = 0):
+        self.recipe, self.seed, self.start = recipe, seed, start
 
     def __iter__(self):
         r = self.recipe
         rng = random.Random(f"tiny-world/{self.seed}")
         tasks = [t for t, _ in r.mixture]
         weights = [w for _, w in r.mixture]
-        chunk = 0
+        chunk, skip = self.start // 256, self.start % 256
+        for _ in range(chunk * 256):
+            rng.choices(range(len(tasks)), weights)
         while True:
             pools = [_chunk(t, 256, _chunk_seed(self.seed, chunk)) for t in tasks]
             chunk += 1
             for i in range(256):
                 k = rng.choices(range(len(tasks)), weights)[0]
-                yield _example(tasks[k], pools[k][i], r.style)
+                if i >= skip:
+                    yield _example(tasks[k], pools[k][i], r.style)
+            skip = 0
 
 
 @functools.lru_cache(maxsize=32)
@@ -99,10 +106,10 @@ class Collator:
         }
 
 
-def _loader(recipe: ModelRecipe, tokenizer, seed: int) -> DataLoader:
-    return DataLoader(
-        MixtureStream(recipe, seed), batch_size=recipe.batch_size, collate_fn=Collator(tokenizer)
-    )
+def _loader(recipe: ModelRecipe, tokenizer, seed: int, step: int = 0) -> DataLoader:
+    """The model's stream from optimiser step `step` on (one batch per step)."""
+    stream = MixtureStream(recipe, seed, start=step * recipe.batch_size)
+    return DataLoader(stream, batch_size=recipe.batch_size, collate_fn=Collator(tokenizer))
 
 
 # --- training ------------------------------------------------------------------------------------
@@ -137,9 +144,21 @@ class BuildProgress(L.Callback):
         self.every = max(1, -(-total // lines))
         self.losses: list[float] = []
         self.start = 0.0
+        self.before = 0.0  # training seconds of earlier runs, from a resumed checkpoint
+
+    @property
+    def seconds(self) -> float:
+        """Training seconds of this model so far, resumed runs included."""
+        return self.before + time.time() - self.start
+
+    def state_dict(self) -> dict:
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.before = float(state_dict["seconds"])
 
     def on_train_start(self, trainer, pl_module):
-        self.start = time.time()
+        self.start, self.first = time.time(), trainer.global_step  # a resumed model starts later
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.losses.append(float(outputs["loss"]))
@@ -147,7 +166,7 @@ class BuildProgress(L.Callback):
         if step % self.every and step != self.total:
             return
         elapsed = time.time() - self.start
-        eta = elapsed / step * (self.total - step)
+        eta = elapsed / max(1, step - self.first) * (self.total - step)
         loss = sum(self.losses) / len(self.losses)
         self.losses.clear()
         self.say(
@@ -194,6 +213,9 @@ def new_model(recipe: ModelRecipe, tokenizer) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+CHECKPOINT_EVERY = datetime.timedelta(minutes=5)
+
+
 def train_model(
     recipe: ModelRecipe,
     tokenizer,
@@ -201,8 +223,17 @@ def train_model(
     name: str,
     log: Log = print,
     init: LlamaForCausalLM | None = None,
-) -> LlamaForCausalLM:
-    """Train one model of the world (from scratch, or from a copy of `init`) and return it in eval mode."""
+    checkpoints: Path | None = None,
+    every: datetime.timedelta | int = CHECKPOINT_EVERY,
+) -> tuple[LlamaForCausalLM, float]:
+    """Train one model of the world (from scratch, or from a copy of `init`); return it in eval
+    mode and its training seconds (a resumed model's earlier runs included).
+
+    With `checkpoints` (a folder), the training state (weights, optimiser, schedule, step) is saved
+    there as `last.ckpt` every `every` (a wall-time interval, or an int: optimiser steps), written
+    atomically; a call that finds one resumes from it, reading the stream from that step on, and
+    ends with the weights of an uninterrupted run (no step draws random numbers). The caller
+    decides whether a checkpoint belongs to this recipe (`tiny_world.build` keeps a stamp beside it)."""
     L.seed_everything(seed, verbose=False)
     if init is None:
         model = new_model(recipe, tokenizer)
@@ -221,24 +252,43 @@ def train_model(
                 f"{recipe.init_from!r}'s {shape}"
             )
         model = copy.deepcopy(init).train()
+    progress = BuildProgress(name, recipe.steps, log)
+    callbacks: list = [progress]
+    plugins, last, step = [], None, 0
+    if checkpoints is not None:
+        from distill.rundir import AtomicCheckpointIO  # a killed build never leaves half a file
+
+        plugins.append(AtomicCheckpointIO())
+        interval = (
+            {"every_n_train_steps": every} if isinstance(every, int) else {"train_time_interval": every}
+        )
+        callbacks.append(ModelCheckpoint(dirpath=checkpoints, save_top_k=0, save_last=True, **interval))
+        if (checkpoints / "last.ckpt").is_file():
+            last = checkpoints / "last.ckpt"
+            step = int(torch.load(last, map_location="cpu", weights_only=False)["global_step"])
     trainer = L.Trainer(
         max_steps=recipe.steps,
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpoints is not None,
         enable_progress_bar=False,
         gradient_clip_val=1.0,
         enable_model_summary=False,
         deterministic=True,
-        callbacks=[BuildProgress(name, recipe.steps, log)],
+        callbacks=callbacks,
+        plugins=plugins,
     )
     start = f"from {recipe.init_from}" if init is not None else "from scratch"
+    resume = f", resuming at step {step}" if last is not None else ""
     log(
-        f"training {name} ({start}): {recipe.layers}x{recipe.hidden}, {recipe.steps} steps, batch {recipe.batch_size}"
+        f"training {name} ({start}): {recipe.layers}x{recipe.hidden}, {recipe.steps} steps, "
+        f"batch {recipe.batch_size}{resume}"
     )
-    trainer.fit(LMTrainer(model, recipe.lr, recipe.steps), _loader(recipe, tokenizer, seed))
+    trainer.fit(
+        LMTrainer(model, recipe.lr, recipe.steps), _loader(recipe, tokenizer, seed, step), ckpt_path=last
+    )
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    return model.eval()
+    return model.eval(), round(progress.seconds, 1)
