@@ -41,6 +41,7 @@ from distill.config_bases import expand_bases
 from distill.data import RolloutDataModule
 from distill.errors import Diverged
 from distill.experiments.axes import knobs_of
+from distill.parallel import end_launched_ranks_on_failure
 from distill.rundir import (
     LAST_CKPT,
     METRICS,
@@ -71,6 +72,21 @@ warnings.filterwarnings(
 warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
 
 EXIT_DIVERGED = 3
+
+
+def model_record(module) -> dict:
+    """Each model a run loads (`student`, `teacher`, `reference`): its resolved path and, for a
+    tiny-world model, the world's version and the weights' fingerprint (`tiny_world.world_of`), so
+    that an archive says which world its runs used."""
+    from distill.models.tiny_world import world_of
+
+    out = {}
+    for role in ("student", "teacher", "reference"):
+        path = getattr(module, f"{role}_path", None)
+        if path and (role != "reference" or getattr(module, "use_reference", False)):
+            world = world_of(path)
+            out[role] = {"path": str(path), **({"tiny_world": world} if world else {})}
+    return out
 
 
 class DistillCLI(LightningCLI):
@@ -209,7 +225,8 @@ class DistillCLI(LightningCLI):
         run_dir = Path(self.config.run_dir)
         lock = RunLock(run_dir).acquire() if rank_zero_only.rank == 0 else None
         try:
-            return self._execute(command, run_dir)
+            with end_launched_ranks_on_failure(self.trainer):  # one rank's failure ends every rank
+                return self._execute(command, run_dir)
         finally:
             if lock is not None:
                 lock.release()
@@ -224,7 +241,7 @@ class DistillCLI(LightningCLI):
             if command == "fit" and self.continuing:
                 (run_dir / METRICS).unlink(missing_ok=True)
             write_text_atomic(run_dir / "config.yaml", self.parser.dump(self.config, skip_none=False))
-            write_json_atomic(run_dir / "env.json", environment())
+            write_json_atomic(run_dir / "env.json", {**environment(), "models": model_record(self.model)})
             if self.resume_changes:
                 self._record_changes(run_dir)
         ckpt = self.config.ckpt_path

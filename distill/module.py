@@ -33,7 +33,7 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.parallel import full_tensor, shard_model
+from distill.parallel import full_tensor, gradient_sync, keep_out_of_ddp, shard_model
 from distill.rollout.compiled import compile_decoding, eager_if_sharded
 from distill.tasks.registry import get_task
 from distill.training import (
@@ -81,7 +81,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         micro_batch_size: sequences per forward/backward pass; None = the whole step's batch.
         gradient_clip_val: clip the student's gradient norm to this value (None = no clipping).
         student_dtype: dtype the student is loaded in (`auto`, `float32`, `bfloat16`, `float16`).
-        teacher_dtype: dtype the teacher is loaded in.
+        teacher_dtype: dtype the teacher is loaded in; `auto` = its checkpoint's (bf16 for the
+            paper's hub teachers: 16 GB for an 8B, not 32 GB in float32; float32 for the tiny world).
         log_text_every: log a few rollouts (teacher-written spans marked) to TensorBoard every N
             optimiser steps (0 = never).
         num_text_samples: rollouts per text log.
@@ -121,7 +122,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         micro_batch_size: int | None = None,
         gradient_clip_val: float | None = 1.0,
         student_dtype: str = "float32",
-        teacher_dtype: str = "float32",
+        teacher_dtype: str = "auto",
         log_text_every: int = 50,
         num_text_samples: int = 2,
         max_nonfinite_steps: int = 5,
@@ -186,6 +187,7 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         if hp.compile_forwards:
             compile_forwards(self.student)
             compile_forwards(self.teacher)
+        keep_out_of_ddp(self, "teacher")  # not in DDP's start-up broadcast (16 GB at paper scale)
 
     def on_train_start(self) -> None:
         # The Trainer restores each submodule's mode (Lightning >= 2.2): keep the teacher in eval.
@@ -273,7 +275,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
         timings = {"teacher_forward": 0.0, "student_forward_backward": 0.0}
         sums = torch.zeros(5, device=ids.device)
-        for start in range(0, ids.shape[0], size):
+        starts = range(0, ids.shape[0], size)
+        for start in starts:
             rows = slice(start, start + size)
             # Lean: the last K columns only; masks and tokens are cut to the same columns.
             keep = self.logit_columns(rollout, rows)
@@ -300,7 +303,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 num_items=denom,
                 return_statistics=True,
             )
-            backward(loss)
+            with gradient_sync(self, last=start == starts[-1]):  # DDP: one all-reduce per step
+                backward(loss)
             timings["teacher_forward"] += t1 - t0
             timings["student_forward_backward"] += time.perf_counter() - t1
             m = mask[rows, cols].float()
@@ -315,12 +319,12 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             self.log(f"train/{name}", value, prog_bar=name in ("loss", "forward_kl", "reverse_kl"))
         # Over every rank's rollouts: teacher-written / completion tokens, completion tokens / rows.
         mask = rollout.completion_mask
-        counts = torch.stack(
-            [rollout.teacher_token_mask.sum(), mask.sum(), torch.tensor(mask.shape[0], device=mask.device)]
-        )
-        teacher, completion, rows = global_sum(counts.float()).tolist()
+        rows_cut = torch.tensor([mask.shape[0], rollout.truncated_rows], device=mask.device)
+        counts = torch.cat([torch.stack([rollout.teacher_token_mask.sum(), mask.sum()]), rows_cut])
+        teacher, completion, rows, truncated = global_sum(counts.float()).tolist()
         self.log("train/teacher_share", teacher / completion if completion else 0.0)
         self.log("train/completion_length", completion / max(rows, 1.0))
+        self.log("train/truncated_share", truncated / max(rows, 1.0))  # rows cut at max_new_tokens
         self.log("train/grad_norm", grad_norm)
         self.log("train/lr", optimizer.param_groups[0]["lr"])
         self.log("train/nonfinite_steps", float(self.guard.skipped))

@@ -16,13 +16,17 @@ the number of `gathered` blocks, which is one per rollout batch, evaluation batc
 evaluation batches). Training forwards and backwards stay sharded (FSDP2's per-layer all-gather and
 reduce-scatter); every rank takes the same number of micro-batches.
 
-Outside FSDP (one process, DDP) every helper here is a no-op or the identity.
+Outside FSDP (one process, DDP) every helper here is a no-op or the identity, except the DDP ones:
+`keep_out_of_ddp` (the frozen model stays out of DDP's start-up broadcast), `gradient_sync` (one
+gradient all-reduce per optimiser step, not per micro-batch) and `end_launched_ranks_on_failure`
+(one rank's failure ends every rank).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -111,6 +115,69 @@ def gathered(*models: nn.Module) -> Iterator[None]:
 def _outside_inference_mode(call) -> None:
     with torch.inference_mode(False):
         call()
+
+
+def keep_out_of_ddp(module: nn.Module, *frozen: str) -> None:
+    """Name every parameter and buffer of `module`'s frozen submodules `frozen` (attribute names;
+    those still None are skipped) in `module._ddp_params_and_buffers_to_ignore`, which torch's
+    `DistributedDataParallel` reads when it wraps `module` (Lightning wraps the LightningModule
+    itself): otherwise DDP broadcasts them from rank 0 at start-up (16 GB for an 8B bf16 teacher;
+    every rank loads the same weights anyway) and syncs their buffers before every step. Frozen
+    parameters are never in DDP's gradient buckets (it buckets `requires_grad` ones only). Call
+    after the models load, before the strategy wraps `module`."""
+    prefixes = tuple(f"{name}." for name in frozen if getattr(module, name, None) is not None)
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    module._ddp_params_and_buffers_to_ignore = [n for n, _ in tensors if prefixes and n.startswith(prefixes)]
+
+
+def gradient_sync(module, last: bool) -> AbstractContextManager:
+    """The context of one micro-batch's backward in a step that accumulates several: under DDP the
+    gradients are all-reduced only in the step's `last` backward (the others accumulate locally in
+    DDP's `no_sync`, Lightning's `block_backward_sync`), once per optimiser step instead of once per
+    micro-batch; the sum, hence the update, is the same. A no-op otherwise: one process, no trainer,
+    FSDP2 (which reduce-scatters each backward's gradients so as not to keep them whole)."""
+    trainer = getattr(module, "_trainer", None)
+    block = getattr(getattr(trainer, "strategy", None), "block_backward_sync", None)
+    return nullcontext() if last or block is None else block()
+
+
+@contextmanager
+def end_launched_ranks_on_failure(trainer) -> Iterator[None]:
+    """Run the block; if it fails (any exception but a clean `SystemExit`) in a process that
+    launched the other ranks (Lightning's subprocess launcher: `distill fit --trainer.devices N`
+    starts ranks 1..N-1 from rank 0), kill them before re-raising, so that none waits for the
+    failed rank in its next collective until the process group's timeout (30 minutes under NCCL).
+
+    Lightning covers the other direction itself (its launcher's process observer kills every
+    process when a rank > 0 exits with an error) and rank 0 only for a KeyboardInterrupt
+    (`lightning.pytorch.trainer.call._call_and_handle_interrupt`); torchrun ends every worker
+    when one fails; under SLURM use `srun --kill-on-bad-exit=1`."""
+    try:
+        yield
+    except BaseException as err:
+        if not (isinstance(err, SystemExit) and not err.code):
+            end_launched_ranks(trainer, err)
+        raise
+
+
+def end_launched_ranks(trainer, err: BaseException) -> None:
+    """Kill the rank processes this process launched and are still running (none: a no-op), with
+    one line on stderr saying why."""
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
+    if not isinstance(launcher, _SubprocessScriptLauncher):
+        return
+    running = [proc for proc in launcher.procs if proc.poll() is None]
+    if running:
+        reason = f"{type(err).__name__}: {err}".splitlines()[0]
+        print(
+            f"distill: rank 0 failed ({reason}); ending the {len(running)} rank(s) it launched",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+    for proc in running:
+        proc.kill()
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

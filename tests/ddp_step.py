@@ -6,9 +6,10 @@ FSDP2 (`ModelParallelStrategy`, the student sharded: `distill.parallel`).
 Run by tests/test_ddp.py (not collected by pytest: no test_ prefix). Every rank takes its shard of
 one fixed global batch (Lightning's DistributedSampler: rank r gets prompts r, r + N, ...), so the
 single-process run on the whole batch is the reference. The distillation module takes one
-optimiser step; GRPO takes its `num_iterations` = 2 steps on the batch. Each rank writes `OUT/rank<r>.json` (its
-logged `train/*` values); rank 0 also writes `OUT/update.pt`, the student's weights after minus
-before the step. SGD without clipping makes the update exactly -lr x gradient, so a gradient off by
+optimiser step; GRPO takes its `num_iterations` = 2 steps on the batch; both in micro-batches of 2
+rows. Each rank writes `OUT/rank<r>.json` (its logged `train/*` values) and under DDP
+`OUT/syncs<r>.json` (its gradient all-reduces); rank 0 also writes `OUT/update.pt`, the student's
+weights after minus before the step. SGD without clipping makes the update exactly -lr x gradient, so a gradient off by
 a factor (DDP averaging local sums over a global count: 1/N) shows in full.
 """
 
@@ -21,6 +22,8 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from distill.losses import ReverseKL
@@ -83,10 +86,25 @@ class FixedRewardGRPO(GRPOModule):
 
 
 class Record(L.Callback):
+    """Each rank's logged `train/*` figures; under DDP also its gradient all-reduces of the batch
+    (`OUT/syncs<r>.json`), counted by a comm hook that all-reduces as DDP does by default."""
+
+    syncs = 0
+
+    def on_train_start(self, trainer, pl_module):
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            trainer.strategy.model.register_comm_hook(None, self.count_and_all_reduce)
+
+    def count_and_all_reduce(self, state, bucket):
+        self.syncs += bucket.is_last()  # one backward's all-reduce spans every bucket
+        return allreduce_hook(None, bucket)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
         rank = trainer.global_rank
         (OUT / f"rank{rank}.json").write_text(json.dumps(logged))
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            (OUT / f"syncs{rank}.json").write_text(json.dumps(self.syncs))
 
 
 class ScoreInInferenceMode(L.Callback):
@@ -119,6 +137,7 @@ def build(kind: str, world: Path):
         gradient_clip_val=None,
         log_text_every=0,
         num_iterations=2,
+        micro_batch_size=2,
     )
 
 

@@ -1,7 +1,9 @@
 """Data parallelism: 2 `gloo` processes, with DDP or with FSDP2 (`distill.parallel`), update the
 student exactly as 1 process does on the same global batch and log the same `train/*` figures; the
 ranks shard the prompts (evaluation batches equal in number on every rank); only rank 0 writes run
-files. A whole `distill fit` under FSDP2 reports what one process reports."""
+files. A whole `distill fit` under FSDP2 reports what one process reports. Under DDP the frozen
+model stays out of the start-up broadcast, gradients are all-reduced once per optimiser step, one
+rank's failure ends every rank, and the measurement callbacks split their rows over the ranks."""
 
 from __future__ import annotations
 
@@ -218,3 +220,161 @@ def test_shard_model_refuses_tensor_parallelism_and_models_without_blocks():
         shard_model(torch.nn.Linear(2, 2), _Mesh(tp=1), "model.student")
     plain = torch.nn.Linear(2, 2)
     assert shard_model(plain, None, "model.student") is plain  # outside ModelParallelStrategy
+
+
+# --- issue 31, item 6: what a first multi-GPU run would hit -------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["distill", "grpo"])
+def test_ddp_leaves_the_frozen_model_out_of_its_start_up_broadcast(kind, quick_world, tmp_path, monkeypatch):
+    """DDP wraps the LightningModule itself (Lightning's `DDPStrategy.configure_ddp`) and broadcasts
+    every parameter and buffer it is not told to ignore from rank 0 (`torch.distributed.utils.
+    _sync_module_states`): the student's, never the frozen teacher's (16 GB at paper scale) or
+    GRPO's reference's. One gloo rank suffices: the broadcast is called all the same."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from distill.module import DistillationModule
+    from distill.rl import GRPOModule
+
+    if kind == "distill":
+        module = DistillationModule(
+            student=str(quick_world / "student"), teacher=str(quick_world / "teacher")
+        )
+    else:
+        module = GRPOModule(student=str(quick_world / "student"), log_kl_to_start=True)
+    module.configure_model()
+    frozen = module.teacher if kind == "distill" else module.reference
+    sent: list[torch.Tensor] = []
+    broadcast = dist._broadcast_coalesced
+
+    def record(group, tensors, *args):
+        sent.extend(tensors)
+        return broadcast(group, tensors, *args)
+
+    monkeypatch.setattr(dist, "_broadcast_coalesced", record)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        DistributedDataParallel(module)
+    finally:
+        dist.destroy_process_group()
+    sent_ids = {t.data_ptr() for t in sent}
+    assert {t.data_ptr() for t in [*frozen.parameters(), *frozen.buffers()]}.isdisjoint(sent_ids)
+    assert {t.data_ptr() for t in module.student.parameters()} <= sent_ids  # the student still is
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["distill", "grpo"])
+def test_ddp_all_reduces_the_gradients_once_per_optimiser_step(kind, quick_world, tmp_path):
+    """2 micro-batches per rank and optimiser step: DDP all-reduces the accumulated gradients in
+    the last backward only (`distill.parallel.gradient_sync`), once per optimiser step (GRPO takes
+    2 on its batch), not once per micro-batch. That the update is still the single process's is
+    `test_two_ranks_update_and_log_like_one_process`."""
+    _step(kind, 2, quick_world, tmp_path / "ddp", "ddp")
+    steps = 1 if kind == "distill" else 2
+    assert [json.loads((tmp_path / "ddp" / f"syncs{r}.json").read_text()) for r in range(2)] == [steps] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_one_rank_failing_ends_every_rank_within_a_minute(fail_rank, tmp_path):
+    """Rank `fail_rank` raises while the other rank is busy for 10 minutes (tests/ddp_failure.py):
+    every process (the launched rank included, which would outlive its parent) is gone within
+    60 s of the failure, the failing rank's error on stderr. Rank 1 failing is Lightning's own
+    doing (its launcher's process observer); rank 0 failing is `end_launched_ranks_on_failure`'s."""
+    import signal
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(HERE / "ddp_failure.py"), str(tmp_path), str(fail_rank)]
+    # Its own session, so that the launched rank can be killed with it if the test fails; the
+    # pipes stay open until every process holding them (the launched rank too) has exited.
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the ranks were still running 240 s after the start")
+    ended = time.time()
+    failed_at = float((tmp_path / "failed_at").read_text())
+    assert ended - failed_at < 60
+    assert proc.returncode != 0
+    assert f"RuntimeError: boom on rank {fail_rank}" in stderr
+    if fail_rank == 0:
+        assert (
+            "distill: rank 0 failed (RuntimeError: boom on rank 0); ending the 1 rank(s) it launched"
+            in stderr
+        )
+
+
+def test_distill_fit_ends_the_ranks_it_launched_when_it_fails(tmp_path):
+    """`DistillCLI.execute` on rank 0: a failure anywhere in the run (fit, the final checkpoint,
+    export, test) kills the ranks its launcher started, then propagates."""
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    from distill.lightning_cli import DistillCLI
+
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    launcher.procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])]
+    cli = DistillCLI.__new__(DistillCLI)
+    cli.config = SimpleNamespace(run_dir=str(tmp_path))
+    cli.trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=launcher))
+
+    def fail(command, run_dir):
+        raise MemoryError("out of memory in export")
+
+    cli._execute = fail
+    try:
+        with pytest.raises(MemoryError, match="out of memory in export"):
+            cli.execute("fit")
+        assert launcher.procs[0].wait(timeout=10) == -9  # SIGKILL
+    finally:
+        launcher.procs[0].kill()  # a no-op once it has ended
+
+
+@pytest.mark.slow
+def test_measurement_callbacks_split_their_rows_over_the_ranks(tmp_path):
+    """`Forgetting`'s task sets, `StyleProbe` and `TaskEvaluation` on 2 gloo ranks
+    (tests/ddp_measure.py): each rank rolls out its share of the rows (5 rows: 3 + 2; 3 problems of
+    4 samples: 2 + 1) and scores its share of the NLL texts (3 + 2), and every rank gets the figures
+    one process computes on all of them."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    port = str(_free_port())
+
+    def run(out: Path, world: int) -> list[dict]:
+        out.mkdir()
+        cmds = [
+            [sys.executable, str(HERE / "ddp_measure.py"), str(out), str(r), str(world), port]
+            for r in range(world)
+        ]
+        procs = [subprocess.Popen(c, env=env, stderr=subprocess.PIPE, text=True) for c in cmds]
+        errors = [p.communicate(timeout=300)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0] * world, errors[0][-3000:] + errors[-1][-3000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+    (single,) = run(tmp_path / "one", 1)
+    ranks = run(tmp_path / "two", 2)
+    assert single["rows"] == {"forgetting": 10, "nll_texts": 5, "style": 5, "coverage": 12}
+    assert [r["rows"] for r in ranks] == [
+        {"forgetting": 6, "nll_texts": 3, "style": 3, "coverage": 8},
+        {"forgetting": 4, "nll_texts": 2, "style": 2, "coverage": 4},
+    ]
+    assert 0 < single["figures"]["forgetting/addition"] < 1 and 0 < single["figures"]["style/share"] < 1
+    nll = single["figures"].pop("forgetting/texts")
+    assert nll > 0
+    for rank in ranks:
+        # the text NLL's sums are added in another order over 2 ranks: equal to float rounding
+        assert rank["figures"].pop("forgetting/texts") == pytest.approx(nll, rel=1e-12)
+        assert rank["figures"] == single["figures"]

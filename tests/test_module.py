@@ -191,3 +191,15 @@ def test_a_teacher_only_context_is_what_the_teacher_reads(quick_world):
         )
         torch.testing.assert_close(sums["forward_kl"] / count, forward, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(sums["reverse_kl"] / count, reverse, rtol=1e-4, atol=1e-6)
+
+
+def test_the_teacher_loads_in_its_checkpoints_dtype_by_default(quick_world, tmp_path):
+    """An 8B hub teacher is stored in bf16: a config that omits teacher_dtype loads 16 GB, not 32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(quick_world / "teacher").to(torch.bfloat16).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(quick_world / "teacher").save_pretrained(tmp_path)
+    m = DistillationModule(student=str(quick_world / "student"), teacher=str(tmp_path))
+    m.configure_model()
+    assert m.teacher.dtype == torch.bfloat16 and m.student.dtype == torch.float32
+    assert _module(quick_world).teacher.dtype == torch.float32  # the tiny world's is float32

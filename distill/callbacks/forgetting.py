@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 
 from distill.callbacks.contract import StudentHolder, require
-from distill.callbacks.generation import log_scalars, student_rollouts
+from distill.callbacks.generation import log_scalars, rank_share, student_rollouts, summed_over_ranks
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
@@ -217,24 +217,40 @@ class Forgetting(L.Callback):
         log_scalars(trainer, metrics)
 
     def scores(self, trainer, pl_module) -> dict[str, float]:
-        """Current score of every set: greedy accuracy (task sets), NLL per token (text sets)."""
+        """Current score of every set: greedy accuracy (task sets), NLL per token (text sets).
+        Under data parallelism each rank rolls out its share of a task set's rows and scores its
+        share of a text set's texts (`rank_share`); the sums are added over the ranks."""
         out = {}
         sampler = RolloutSampler(mix=0.0, max_new_tokens=self.max_new_tokens, temperature=0.0)
         for name, rows in self.rows.items():
-            task = get_task(name)
+            task, mine = get_task(name), rank_share(rows)
             texts = [
                 text
-                for rollout in student_rollouts(trainer, pl_module, rows, sampler, self.batch_size)
+                for rollout in student_rollouts(trainer, pl_module, mine, sampler, self.batch_size)
                 for text in rollout.completions(pl_module.tokenizer)
             ]
-            out[name] = sum(task.score(t, r) for t, r in zip(texts, rows)) / len(rows)
+            correct = sum(task.score(t, r) for t, r in zip(texts, mine))
+            out[name] = summed_over_ranks([correct], pl_module.device)[0] / len(rows)
         for name, texts in self.nll_texts.items():
-            out[name] = self.nll_per_token(pl_module, texts)
+            total, count = summed_over_ranks(self.nll_sums(pl_module, rank_share(texts)), pl_module.device)
+            out[name] = self._mean(total, count)
         return out
 
     def nll_per_token(self, pl_module, texts: list[str]) -> float:
         """Mean negative log-likelihood (nats) of the texts' tokens under the student, each token
         predicted from the tokens before it (the first token of each text is context only)."""
+        return self._mean(*self.nll_sums(pl_module, texts))
+
+    @staticmethod
+    def _mean(total: float, count: float) -> float:
+        if count == 0:
+            raise ValueError(
+                "Forgetting: the NLL texts tokenise to no predictable tokens (each needs >= 2 tokens)"
+            )
+        return total / count
+
+    def nll_sums(self, pl_module, texts: list[str]) -> tuple[float, int]:
+        """(summed NLL in nats, predicted tokens) of `texts` under the student (`nll_per_token`)."""
         tokenizer, student, total, count = pl_module.tokenizer, pl_module.student, 0.0, 0
         for start in range(0, len(texts), self.batch_size):
             enc = tokenizer(
@@ -251,8 +267,4 @@ class Forgetting(L.Callback):
                 nll = causal_nll(student, ids, attn, pl_module.vocab_size, mask, NLL_LOGIT_BUDGET_MB)
             total += float(nll.sum())
             count += nll.numel()
-        if count == 0:
-            raise ValueError(
-                "Forgetting: the NLL texts tokenise to no predictable tokens (each needs >= 2 tokens)"
-            )
-        return total / count
+        return total, count

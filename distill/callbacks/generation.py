@@ -1,13 +1,18 @@
 """What the measurement callbacks do with the student: roll it out on task rows, and run one
-forward pass for its next-token logits. Works with any LightningModule holding `student`,
+forward pass for its next-token logits; under data parallelism, split a measurement's rows over
+the ranks and add their sums up (`rank_share`, `summed_over_ranks`). Works with any LightningModule holding `student`,
 `tokenizer` and `vocab_size` (and optionally `teacher`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from distill.data.prompts import PromptCollator
+from distill.losses import global_sum
 from distill.models.forward import causal_logits, eval_no_grad
 from distill.precision import step_precision
 from distill.rollout import RolloutBatch, RolloutSampler
@@ -68,6 +73,23 @@ def next_token_logits(
     from each row's first real token, as in training), under `trainer`'s step precision."""
     with eval_no_grad(model), step_precision(trainer):
         return causal_logits(model, input_ids, attention_mask, vocab_size, keep)
+
+
+def rank_share(items: Sequence) -> list:
+    """This rank's share of a measurement's `items` under data parallelism: every W-th item from
+    the rank's index (W ranks in the default process group), so the ranks together take each item
+    once and each rolls out 1/W of them; every item in one process. Add the shares' sums up with
+    `summed_over_ranks`."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    return list(items[rank::world])
+
+
+def summed_over_ranks(values: Sequence[float], device) -> list[float]:
+    """Each rank's `values` (sums over its `rank_share`) added over the ranks: a collective, which
+    every rank calls in the same order, on `device` (NCCL reduces GPU tensors only), in float64
+    (counts stay exact). The values themselves in one process."""
+    return global_sum(torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)).tolist()
 
 
 def log_scalars(trainer, metrics: dict[str, float], step: int | None = None) -> None:

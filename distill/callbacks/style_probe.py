@@ -9,7 +9,13 @@ from collections.abc import Callable, Iterable
 import lightning as L
 
 from distill.callbacks.contract import StudentHolder, require
-from distill.callbacks.generation import datamodule_option, log_scalars, student_rollouts
+from distill.callbacks.generation import (
+    datamodule_option,
+    log_scalars,
+    rank_share,
+    student_rollouts,
+    summed_over_ranks,
+)
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
@@ -127,11 +133,14 @@ class StyleProbe(L.Callback):
         self._measure(trainer, pl_module)
 
     def share(self, trainer, pl_module) -> float:
-        """The current share over the probe's prompts."""
+        """The current share over the probe's prompts (each rank rolls out its `rank_share`)."""
         budget = self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128)
         sampler = RolloutSampler(mix=0.0, max_new_tokens=budget, temperature=0.0)
-        rollouts = student_rollouts(trainer, pl_module, self.rows, sampler, self.batch_size)
-        return style_share((t for r in rollouts for t in r.completions(pl_module.tokenizer)), self.detector)
+        mine = rank_share(self.rows)
+        rollouts = student_rollouts(trainer, pl_module, mine, sampler, self.batch_size)
+        texts = [t for r in rollouts for t in r.completions(pl_module.tokenizer)]
+        hits = sum(bool(self.detector(t)) for t in texts)
+        return summed_over_ranks([hits], pl_module.device)[0] / len(self.rows)
 
     def _measure(self, trainer, pl_module) -> None:
         if trainer.global_step == self.last_step:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import lightning as L
 
 from distill.callbacks.contract import StudentHolder, require
-from distill.callbacks.generation import datamodule_option, next_token_logits, student_rollouts
+from distill.callbacks.generation import (
+    datamodule_option,
+    next_token_logits,
+    rank_share,
+    student_rollouts,
+    summed_over_ranks,
+)
 from distill.callbacks.options import check_tasks
 from distill.checks import check, check_int, check_number, is_int
 from distill.metrics.entropy import masked_sum_count, token_entropy
@@ -44,7 +50,8 @@ class TaskEvaluation(L.Callback):
         max_new_tokens: completion budget; None: the datamodule's `eval_max_new_tokens` (else 128).
         every_n_validations: evaluate at every N-th validation run of fit (sanity checks skipped).
         on_test: also evaluate at the end of `trainer.test`.
-        batch_size: sequences per sampling call; None: the datamodule's `eval_batch_size` (else 256).
+        batch_size: sequences per sampling call, rounded down to whole problems (at least one);
+            None: the datamodule's `eval_batch_size` (else 256).
         seed: sampling seed.
 
     `summary()` returns the latest values of every key (the test values once test has run).
@@ -138,13 +145,20 @@ class TaskEvaluation(L.Callback):
                 self.latest[metric] = value
 
     def evaluate(self, trainer, pl_module, task, rows, sampler, batch_size) -> dict[str, float]:
-        """Coverage and sample entropy of one task's problems (`rows`)."""
-        n = self.num_samples
-        repeated = [row for row in rows for _ in range(n)]  # a problem's samples are adjacent
+        """Coverage and sample entropy of one task's problems (`rows`); under data parallelism each
+        rank samples its share of the problems (`rank_share`) and the ranks' sums are added up.
+
+        Sampling calls hold whole problems (`batch_size` rounded down to a multiple of
+        `num_samples`, at least one problem): a seeded sample is keyed by its prompt's occurrence
+        within the call, so a problem split over two calls would draw the same samples twice, and
+        the figures would depend on how problems fall into calls (on the number of ranks)."""
+        n, mine = self.num_samples, rank_share(rows)
+        repeated = [row for row in mine for _ in range(n)]  # a problem's samples are adjacent
         correct: list[bool] = []
         answers: list[str | None] = []
         entropy_sum, entropy_count = 0.0, 0
-        for rollout in student_rollouts(trainer, pl_module, repeated, sampler, batch_size, seed=self.seed):
+        per_call = max(1, batch_size // n) * n
+        for rollout in student_rollouts(trainer, pl_module, repeated, sampler, per_call, seed=self.seed):
             first = len(correct)
             for text, row in zip(rollout.completions(pl_module.tokenizer), repeated[first:]):
                 correct.append(task.score(text, row) > 0)
@@ -161,6 +175,15 @@ class TaskEvaluation(L.Callback):
                 s, c = masked_sum_count(token_entropy(logits), mask[r : r + step, -keep:])
                 entropy_sum, entropy_count = entropy_sum + s, entropy_count + c
         by_problem = [slice(i, i + n) for i in range(0, len(correct), n)]
-        values = coverage_metrics([correct[s] for s in by_problem], [answers[s] for s in by_problem], self.ks)
+        keys = [f"pass@{k}" for k in self.ks] + ["distinct_correct"]
+        means = (
+            coverage_metrics([correct[s] for s in by_problem], [answers[s] for s in by_problem], self.ks)
+            if mine
+            else dict.fromkeys(keys, 0.0)
+        )
+        *sums, entropy_sum, entropy_count = summed_over_ranks(
+            [means[k] * len(mine) for k in keys] + [entropy_sum, entropy_count], pl_module.device
+        )
+        values = {k: total / len(rows) for k, total in zip(keys, sums)}
         values["sample_entropy"] = entropy_sum / entropy_count if entropy_count else 0.0
         return values

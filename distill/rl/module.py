@@ -48,7 +48,7 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.names import KL_ESTIMATORS
-from distill.parallel import full_tensor, shard_model
+from distill.parallel import full_tensor, gradient_sync, keep_out_of_ddp, shard_model
 from distill.rl.logprobs import token_logprobs_and_kl
 from distill.rl.objective import (
     GRPOBatch,
@@ -103,7 +103,11 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         micro_batch_size: sequences per forward/backward pass; None = the whole batch.
         gradient_clip_val: clip the policy's gradient norm to this value (None = no clipping).
         student_dtype: dtype of the policy (`auto`, `float32`, `bfloat16`, `float16`).
-        reference_dtype: dtype of the frozen reference.
+        reference_dtype: dtype of the frozen reference; None = the policy's (`student_dtype`), so
+            that at step 0 the reference is the policy bit for bit and `train/kl_to_start` is 0. A
+            lower precision than the policy's halves its memory but leaves a floor under
+            `kl_to_start` (the reference is a rounded copy: its norms and residuals run in its
+            dtype, the policy's in float32 even under autocast), which can swamp the drift at lr 1e-6.
         log_text_every: log a few scored completions to TensorBoard every N rollout batches (0 = never).
         num_text_samples: completions per text log.
         max_nonfinite_steps: an optimiser step with a non-finite loss or gradient norm is skipped
@@ -132,7 +136,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         micro_batch_size: int | None = None,
         gradient_clip_val: float | None = 1.0,
         student_dtype: str = "float32",
-        reference_dtype: str = "float32",
+        reference_dtype: str | None = None,
         log_text_every: int = 50,
         num_text_samples: int = 4,
         max_nonfinite_steps: int = 5,
@@ -157,7 +161,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.guard = NonFiniteGuard(max_nonfinite_steps)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
-        resolve_dtype(reference_dtype, "model.reference_dtype")
+        if reference_dtype is not None:
+            resolve_dtype(reference_dtype, "model.reference_dtype")
         check_number("model.eval_logit_budget_mb", eval_logit_budget_mb, 0, open_min=True)
         check_attn_implementation(attn_implementation, "model.attn_implementation")
         self.student_path = check_model_path(student, "model.student")
@@ -197,7 +202,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         )
         models = [self.student]
         if self.use_reference:
-            self.reference = load_model(self.reference_path, hp.reference_dtype, trainable=False, **attn)
+            dtype = hp.student_dtype if hp.reference_dtype is None else hp.reference_dtype
+            self.reference = load_model(self.reference_path, dtype, trainable=False, **attn)
             models.append(self.reference)
         vocab_size(self.tokenizer, *models)
         if hp.compile_decoding:
@@ -205,6 +211,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         if hp.compile_forwards:
             for model in models:
                 compile_forwards(model)
+        keep_out_of_ddp(self, "reference")  # not in DDP's start-up broadcast
 
     def on_fit_start(self) -> None:
         data = self.trainer.datamodule
@@ -267,7 +274,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
         size = self.hparams.micro_batch_size or ids.shape[0]
         sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
-        for start in range(0, ids.shape[0], size):
+        starts = range(0, ids.shape[0], size)
+        for start in starts:
             # Lean: the last K columns only (`DistillationModule.accumulate_gradients`).
             keep = completion_width(mask[start : start + size]) if self.hparams.lean_logits else None
             rows = (slice(start, start + size), slice(-keep if keep else None, None))
@@ -305,7 +313,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 per_token = per_token + self.hparams.kl_coef * kl
                 sums["kl_penalty"] += float((kl.detach() * m).sum())
             loss = (per_token * m).sum() / denom
-            backward(loss)
+            with gradient_sync(self, last=start == starts[-1]):  # DDP: one all-reduce per step
+                backward(loss)
             sums["loss"] += float(loss.detach())
             sums["clipped"] += float((cut.float() * m).sum())
             sums["reference_s"] += t1 - t0
@@ -388,6 +397,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         if self.hparams.kl_coef > 0:
             self.log("train/kl_penalty", logged["kl_penalty"], **add)
         self.log("train/completion_length", step.rollout.completion_mask.sum(-1).float().mean(), **mean)
+        self.log("train/truncated_share", step.rollout.truncated_rows / n, **mean)  # cut at max_new_tokens
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
         self.log("train/nonfinite_steps", float(self.guard.skipped), batch_size=n)

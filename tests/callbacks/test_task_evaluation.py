@@ -89,9 +89,9 @@ def test_evaluate_scores_samples_and_entropy_independently(tiny_student, fake_tr
     enc = char_tok([r["prompt"] for r in rows for _ in range(4)], return_tensors="pt", padding=True)
     again = [
         sampler.sample(
-            tiny_student, tiny_student, enc["input_ids"][i : i + 5], enc["attention_mask"][i : i + 5], seed=5
+            tiny_student, tiny_student, enc["input_ids"][i : i + 4], enc["attention_mask"][i : i + 4], seed=5
         )
-        for i in (0, 5, 10)
+        for i in (0, 4, 8)  # batch_size 5 holds one whole problem of 4 samples per call
     ]
     texts = [t for r in again for t in r.completions(char_tok)]
     correct = [[task.score(texts[4 * p + j], rows[p]) > 0 for j in range(4)] for p in range(3)]

@@ -152,3 +152,37 @@ def test_ratios_use_the_sampling_temperature(policy_dir):
     module._trainer = SimpleNamespace(datamodule=RolloutDataModule(group_size=2, temperature=0.7))
     module.on_fit_start()
     assert module.temperature == 0.7
+
+
+class FirstKL(__import__("lightning").Callback):
+    def __init__(self):
+        self.values = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.values.append(float(trainer.callback_metrics["train/kl_to_start"]))
+
+
+def _kl_at_step_zero(policy_dir, **options) -> float:
+    import lightning as L
+
+    from distill.data import RolloutDataModule
+
+    module = _module(policy_dir, log_text_every=0, **options)
+    data = RolloutDataModule(
+        task="countdown3", batch_size=2, group_size=2, train_size=4, val_size=0, max_new_tokens=8,
+        tokenizer=policy_dir,
+    )  # fmt: skip
+    seen = FirstKL()
+    L.Trainer(
+        max_steps=1, accelerator="cpu", precision="bf16-mixed", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        callbacks=[seen],
+    ).fit(module, data)  # fmt: skip
+    return seen.values[0]
+
+
+def test_kl_to_start_is_zero_at_step_zero_under_mixed_precision(policy_dir):
+    """The reference follows the policy's dtype by default, so it is the starting policy bit for bit
+    (issue 31, item 3); a bf16 reference beside a float32 policy has a floor the test can see."""
+    assert _kl_at_step_zero(policy_dir) == 0.0
+    assert _kl_at_step_zero(policy_dir, reference_dtype="bfloat16") > 0.0
