@@ -98,7 +98,7 @@ sweep-paper-qwen-medreason: ## the paper grid on MedReason, Qwen pair (GPU, hub 
 sweep-paper-qwen-sciq: ## the paper grid on SciQ, Qwen pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen_sciq.yaml
 
-gpu-smoke: ## a few steps of each paper pair on a GPU with the hub models cached: step time, tokens/s, peak memory
+gpu-smoke: ## the paper pairs' shapes on one GPU, random weights (<= 10 min): validation, every callback, GRPO, DDP, FSDP2; peak memory per phase vs distill.memory, decode tokens/s vs the bandwidth floor, TRL GKD step time
 	PYTHON=$(BIN)/python bash benchmarks/gpu_smoke.sh
 
 # `make report` defaults to the committed tiny-world study: experiments/results/tiny_grid (the study

@@ -139,8 +139,10 @@ def run_distill(
         seed=seed,
     )
     L.seed_everything(seed, verbose=False)
+    cuda = getattr(args, "device", "cpu") == "cuda"  # on a GPU: bf16 autocast, as the paper configs
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if cuda else "cpu",
+        precision="bf16-mixed" if cuda else "32-true",
         devices=1,
         max_steps=args.steps,
         logger=False,
@@ -271,8 +273,9 @@ def run_trl(paths, off_policy: bool, args, seed: int, defaults: bool = False) ->
         beta=0.0,
         temperature=1.0,
         max_new_tokens=args.new_tokens,
-        use_cpu=True,
-        bf16=False,  # SFTConfig's default is bf16 autocast; distill and the bare loop run float32
+        use_cpu=getattr(args, "device", "cpu") == "cpu",
+        # SFTConfig's default is bf16 autocast; distill and the bare loop run float32 on the CPU
+        bf16=getattr(args, "device", "cpu") == "cuda",
         seed=seed,
         report_to=[],
         save_strategy="no",

@@ -1,101 +1,124 @@
-"""benchmarks/gpu_smoke.sh without a GPU: its argument checks, its refusal without cached models or
-a GPU, and the commands it would run (they resolve, and name the models it checks for)."""
+"""benchmarks/gpu_smoke.py (run by benchmarks/gpu_smoke.sh): its arguments, its refusal without a GPU
+(before building anything), the real shapes its dry run plans, and a whole run at toy shapes on the
+CPU that reports every phase of every fit, the callbacks by name, decoding speed against the
+bandwidth floor and the TRL comparison (or why it was skipped)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
-import shlex
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-
-from distill.lightning_cli import run_lightning_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gpu_smoke.sh"
-MODELS = {
-    "llama": ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
-    "qwen": ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
-}
+SCRIPT = ROOT / "benchmarks" / "gpu_smoke.py"
+CALLBACKS = {"TaskEvaluation", "Forgetting", "UpdateSparsity", "GradientStats", "CostMeter"}
 
 
-def smoke(*args: str, hf_home: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"HF_HOME": str(hf_home), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
+def smoke(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = ["bash", str(ROOT / "benchmarks" / "gpu_smoke.sh"), *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env | {"PYTHON": sys.executable}, timeout=timeout
+    )
 
 
-def cache(hf_home: Path, repos) -> Path:
-    """A hub cache holding each repo's config.json, in huggingface_hub's layout."""
-    for repo in repos:
-        folder = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
-        (folder / "refs").mkdir(parents=True)
-        (folder / "refs" / "main").write_text("0" * 40)
-        (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
-        (folder / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
-    return hf_home
-
-
-def test_the_script_parses_and_explains_itself(tmp_path):
-    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    shown = smoke("--help", hf_home=tmp_path)
-    assert shown.returncode == 0 and "HF_HUB_OFFLINE=1" in shown.stdout and "--timeout" in shown.stdout
+def test_the_wrapper_runs_the_script_and_its_header_says_how():
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_smoke.sh")]).returncode == 0
+    shown = smoke("--help")
+    assert shown.returncode == 0 and "--toy" in shown.stdout and "--bandwidth-tbs" in shown.stdout
+    assert "make gpu-smoke" in SCRIPT.read_text().split('"""')[1]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--steps", "0"], "--steps must be an integer >= 1, got '0'"),
-        (["--pairs", "llama,gpt"], "--pairs must name pairs from llama, qwen; got 'gpt'"),
-        (["--timeout", "soon"], "--timeout must be seconds >= 1, got 'soon'"),
-        (["--fast"], "unknown argument '--fast'"),
+        (["--pairs", "llama,gpt"], "--pairs must name some of llama, qwen; got 'gpt'"),
+        (
+            ["--jobs", "base,zero3"],
+            "--jobs must name some of decode, base, ddp, fsdp, grpo, trl; got 'zero3'",
+        ),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
     ],
 )
-def test_bad_arguments_fail_naming_the_argument(tmp_path, args, message):
-    result = smoke(*args, hf_home=tmp_path)
+def test_bad_arguments_fail_naming_the_argument(args, message):
+    result = smoke(*args, "--dry-run")
     assert result.returncode == 2 and message in result.stderr
 
 
-def test_models_missing_from_the_cache_are_named_with_the_fetch_command(tmp_path):
-    hf_home = cache(tmp_path, [MODELS["llama"][1]])  # only the Llama teacher is there
-    result = smoke("--pairs", "llama", hf_home=hf_home)
-    assert result.returncode == 2
-    assert "not in the hub cache (HF_HOME): meta-llama/Llama-3.2-1B-Instruct;" in result.stderr
-    assert "huggingface-cli download meta-llama/Llama-3.2-1B-Instruct" in result.stderr
-    assert "Llama-3.1-8B" not in result.stderr
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
-def test_without_a_gpu_it_refuses_before_running_anything(tmp_path):
-    hf_home = cache(tmp_path / "hf", [m for pair in MODELS.values() for m in pair])
-    result = smoke("--out", str(tmp_path / "out"), hf_home=hf_home)
+def test_without_a_gpu_it_refuses_before_building_anything(tmp_path):
+    result = smoke("--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "no CUDA GPU visible" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_dry_run_commands_resolve_to_short_runs_of_the_checked_models(tmp_path, capsys, monkeypatch):
-    hf_home = cache(tmp_path / "hf", [m for pair in MODELS.values() for m in pair])
-    result = smoke("--dry-run", "--steps", "3", "--out", str(tmp_path / "out"), hf_home=hf_home)
+def test_the_dry_run_plans_the_real_shapes_and_builds_nothing():
+    result = smoke("--dry-run")
     assert result.returncode == 0, result.stderr
-    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
-    assert set(lines) == {"llama", "qwen"}
-    monkeypatch.chdir(ROOT)
-    for pair, line in lines.items():
-        argv = shlex.split(line)[3:]  # after "<python> -m distill.cli"
-        with pytest.raises(SystemExit):
-            run_lightning_cli([*argv, "--print_config"])
-        printed = yaml.safe_load(capsys.readouterr().out)
-        init = printed["model"]["init_args"]
-        assert (init["student"], init["teacher"]) == MODELS[pair]
-        assert printed["trainer"]["max_steps"] == 3 and printed["trainer"]["limit_val_batches"] == 0
-        assert [c["class_path"] for c in printed["trainer"]["callbacks"]] == ["distill.callbacks.CostMeter"]
-        assert printed["run_dir"] == str(tmp_path / "out" / pair)
-    text = SCRIPT.read_text()  # the models whose cache it checks are the configs' models
-    assert all(
-        f"[{pair}]={student}" in text and f"[{pair}]={teacher}" in text
-        for pair, (student, teacher) in MODELS.items()
-    )
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert set(lines) == {
+        *(f"llama-{job}" for job in ("decode", "base", "ddp", "fsdp", "grpo", "trl")),
+        *(f"qwen-{job}" for job in ("decode", "base", "grpo", "trl")),
+    }
+    assert "Llama-3.2-1B (1.24 B params), teacher Llama-3.1-8B" in lines["llama-base"]
+    assert "Qwen2.5-1.5B (1.54 B params), teacher Qwen2.5-7B" in lines["qwen-base"]
+    assert "reference Llama-3.2-1B" in lines["llama-grpo"]
+    for name in ("llama-base", "llama-ddp", "llama-fsdp", "llama-grpo", "qwen-base", "qwen-grpo"):
+        assert all(f"{phase} " in lines[name] for phase in ("rollout", "step", "evaluation", "callbacks"))
+
+
+def test_a_real_shape_model_is_never_built_on_the_cpu(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import smoke_parts
+
+        from distill.memory import LLAMA_1B
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smoke_parts.write_model(tmp_path / "student", LLAMA_1B, "float32", 512)
+    originals = AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained
+    try:
+        smoke_parts.build_from_configs(torch.device("cpu"))
+        with pytest.raises(
+            RuntimeError, match=r"refusing to build Llama-3.2-1B \(1,235,814,400 params\) on the CPU"
+        ):
+            AutoModelForCausalLM.from_pretrained(path)
+        assert AutoTokenizer.from_pretrained(path)("two words").input_ids == [1, 3, 3]  # as written
+    finally:
+        AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained = originals
+
+
+@pytest.mark.slow
+def test_a_toy_run_reports_every_phase_callback_and_speed(tmp_path):
+    """Measured about 100 s on 2 shared cores: five processes (decode, base, DDP, FSDP2, GRPO)."""
+    result = smoke("--toy", "--pairs", "llama", "--steps", "1", "--out", str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads((tmp_path / "results.json").read_text())
+    assert set(figures) == {"llama-decode", "llama-base", "llama-ddp", "llama-fsdp", "llama-grpo"}
+    for name in ("llama-base", "llama-ddp", "llama-fsdp", "llama-grpo"):
+        fit = figures[name]
+        assert {"rollout", "step", "evaluation"} <= set(fit["peak"]), name
+        assert CALLBACKS <= set(fit["peak"]), name
+        assert all(fit["peak"][k] > 0 for k in fit["peak"]) and fit["metrics"]["cost/wall_s"] > 0
+        assert set(fit["predicted"]) == {"rollout", "step", "evaluation", "callbacks", "peak"}
+        assert fit["shapes"]["rollout"][0] == {"llama-grpo": 128, "llama-base": 32}.get(name, 8)
+        line = next(x for x in result.stdout.splitlines() if x.startswith(name))
+        assert all(f"{phase} " in line for phase in ("rollout", "step", "evaluation", "callbacks"))
+    assert "StyleProbe" in figures["llama-base"]["peak"]
+    for role in ("student", "teacher"):
+        speed = figures["llama-decode"][role]
+        assert speed["tokens_per_s"] > 0 and 0 < speed["share"] < 1
+    assert result.stdout.count("% of the bandwidth floor") == 2
+    if importlib.util.find_spec("trl") is None:
+        assert re.search(r"^llama-trl +skipped: TRL is not installed", result.stdout, re.M)
+    else:
+        assert "TRL GKD" in result.stdout
