@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import torch
-import yaml
 
+from distill.config_bases import merged_config
 from distill.memory import Architecture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,21 +130,8 @@ def write_data(root: Path, sentences: int, rows: int = 96) -> dict[str, str]:
 
 
 def paper_config(name: str) -> dict:
-    """A paper config with its `base:` files merged in (mappings merged, `key+` lists appended)."""
-    data = yaml.safe_load((PAPER / name).read_text())
-    merged = paper_config(data.pop("base")) if "base" in data else {}
-
-    def merge(into: dict, new: dict) -> dict:
-        for key, value in new.items():
-            if key.endswith("+"):
-                into[key[:-1]] = into.get(key[:-1], []) + value
-            elif isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-        return into
-
-    return merge(merged, data)
+    """A paper config with its `base:` files merged in."""
+    return merged_config(PAPER / name)
 
 
 def smoke_callbacks(

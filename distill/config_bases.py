@@ -50,6 +50,30 @@ def _expand_file(path: str, seen: tuple) -> list[str]:
     return out + ["--config", yaml.safe_dump(data)] if data else out
 
 
+def merged_config(path: str | Path) -> dict:
+    """A config file as one mapping, its `base:` files merged in as LightningCLI merges them
+    (mappings deep-merged, later wins; a `key+` list appended to `key`): for reading a config's
+    settings outside a run (the memory tables, the GPU smoke test)."""
+    file = Path(path)
+    data = yaml.safe_load(file.read_text())
+    bases = data.pop("base", [])
+    merged: dict = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        _merge(merged, merged_config(file.parent / base))
+    return _merge(merged, data)
+
+
+def _merge(into: dict, new: dict) -> dict:
+    for key, value in new.items():
+        if key.endswith("+"):
+            into[key[:-1]] = into.get(key[:-1], []) + value
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
 def yaml_line(err: yaml.YAMLError) -> str:
     """'line L, column C: problem' from a PyYAML error."""
     mark = getattr(err, "problem_mark", None)

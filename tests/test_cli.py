@@ -66,6 +66,17 @@ def test_base_includes_deep_merge(tmp_path):
         expand_bases(["--config", str(tmp_path / "c.yaml")])
 
 
+def test_merged_config_reads_a_file_as_its_bases_merged_in(tmp_path):
+    from distill.config_bases import merged_config
+
+    (tmp_path / "a.yaml").write_text("data: {mix: 0.5, task: countdown3}\ntrainer: {callbacks: [A]}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\ndata: {mix: 1.0}\ntrainer: {callbacks+: [B]}\n")
+    assert merged_config(tmp_path / "b.yaml") == {
+        "data": {"mix": 1.0, "task": "countdown3"},
+        "trainer": {"callbacks": ["A", "B"]},
+    }
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
+from distill.config_bases import merged_config
 from distill.memory import (
     BF16,
     FP32,
@@ -68,21 +68,7 @@ def test_parameter_counts_are_the_models_own(arch, published):
 
 
 def _config(name: str) -> dict:
-    """A paper config with its `base:` files merged in (dicts merged, `callbacks+` appended)."""
-    data = yaml.safe_load((ROOT / "configs" / "paper" / name).read_text())
-    merged = _config(data.pop("base")) if "base" in data else {}
-
-    def merge(into: dict, new: dict) -> dict:
-        for key, value in new.items():
-            if key.endswith("+"):
-                into[key[:-1]] = into.get(key[:-1], []) + value
-            elif isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-        return into
-
-    return merge(merged, data)
+    return merged_config(ROOT / "configs" / "paper" / name)
 
 
 def _callback(config: dict, name: str) -> dict | None:
