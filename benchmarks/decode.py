@@ -38,7 +38,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distill.rollout import RolloutSampler
 from distill.rollout.compiled import compile_decoding
-from distill.rollout.decoding import RowStreams, choose_tokens
+from distill.rollout.decoding import choose_tokens
+from distill.rollout.streams import RowStreams
 from distill.tasks import countdown
 
 VARIANTS = (

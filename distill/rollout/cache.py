@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from distill.rollout.decoding import SAMPLER_VERSION
+from distill.rollout.streams import SAMPLER_VERSION
 from distill.runinfo import write_json_atomic
 
 # How many evenly spaced elements of each sampled parameter enter the fingerprint.

@@ -18,7 +18,6 @@ from distill.rollout.batch import RolloutBatch
 from distill.rollout.cache import RolloutCache, row_key, teacher_identity
 from distill.rollout.decoding import (
     Decoded,
-    RowStreams,
     StepRule,
     check_left_padded,
     choose_tokens,
@@ -27,6 +26,7 @@ from distill.rollout.decoding import (
     strip_common_padding,
 )
 from distill.rollout.special_ids import special_ids
+from distill.rollout.streams import RowStreams
 from distill.seeds import derive_seed
 
 CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
@@ -190,7 +190,7 @@ class RolloutSampler:
         torch's global RNG. Per-token draws with a `seed` are keyed per row by a row seed hashed
         from (seed, role, prompt row, its occurrence among identical prompts in the batch, the
         sampling settings) and come from a counter-based hash of (row seed, decode position,
-        purpose) (`decoding.RowStreams`), so a row's rollout does not depend on its batch-mates
+        purpose) (`streams.RowStreams`), so a row's rollout does not depend on its batch-mates
         (this is what makes teacher rows cacheable); without a seed they come from one generator
         drawn from `generator` / the global RNG.
 

@@ -13,7 +13,7 @@ import distill.rollout.cache as cache_module
 import distill.rollout.sampler as sampler_module
 from distill.rollout import RolloutCache, RolloutSampler, teacher_identity
 from distill.rollout.cache import row_key
-from distill.rollout.decoding import SAMPLER_VERSION
+from distill.rollout.streams import SAMPLER_VERSION
 
 SETTINGS = dict(max_new_tokens=8, vocab_size=100)  # the char tokenizer's vocabulary
 

@@ -13,7 +13,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from distill.errors import Diverged
 from distill.models.forward import eval_no_grad
 from distill.rollout import filter_logits
-from distill.rollout.decoding import RowStreams, choose_tokens, decode, logit_width
+from distill.rollout.decoding import choose_tokens, decode, logit_width
+from distill.rollout.streams import RowStreams
 from distill.seeds import derive_seed
 
 

@@ -7,16 +7,8 @@ import torch
 
 from distill.errors import Diverged
 from distill.rollout import RolloutSampler
-from distill.rollout.decoding import (
-    PURPOSES,
-    RowStreams,
-    choose_tokens,
-    filter_logits,
-    inverse_cdf,
-    keyed_uniform,
-    mix64,
-    stream_key,
-)
+from distill.rollout.decoding import choose_tokens, filter_logits
+from distill.rollout.streams import PURPOSES, RowStreams, inverse_cdf, keyed_uniform, mix64, stream_key
 
 CPU = torch.device("cpu")
 U64 = (1 << 64) - 1
