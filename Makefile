@@ -10,103 +10,111 @@ export TOKENIZERS_PARALLELISM := false
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev extra
+# Every target that runs the package depends on $(READY): a fresh clone needs only `make demo` (or
+# `make test`); the venv is (re)installed when it is missing or older than pyproject.toml.
+READY := $(VENV)/.installed
+
+setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev extra (the other targets do this when .venv is missing)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
+	touch $(READY)
 
-test: ## the whole suite, slow end-to-end tests included
+$(READY): pyproject.toml
+	$(MAKE) setup
+
+test: $(READY) ## the whole suite, slow end-to-end tests included
 	$(BIN)/pytest -q
 
-test-fast: ## unit tests only (skips tests marked slow)
+test-fast: $(READY) ## unit tests only (skips tests marked slow)
 	$(BIN)/pytest -q -m "not slow"
 
-lint: ## ruff
+lint: $(READY) ## ruff
 	$(BIN)/ruff check distill tests benchmarks
 
-tiny-world: ## install the CPU tiny world v2 (teacher, student, teacher-es, teacher-sci, student-sci) from its committed build
+tiny-world: $(READY) ## install the CPU tiny world v2 (teacher, student, teacher-es, teacher-sci, student-sci) from its committed build
 	$(BIN)/distill tiny-world
 
-bench: ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
+bench: $(READY) ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
 	$(BIN)/python benchmarks/losses.py
 
-bench-decode: ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing, compiled decoding (needs make tiny-world)
+bench-decode: $(READY) ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing, compiled decoding (needs make tiny-world)
 	$(BIN)/python benchmarks/decode.py
 
-bench-step: ## step benchmark on the tiny world: distill vs TRL GKD vs a bare loop, on/off-policy (installs the bench extra: TRL)
+bench-step: $(READY) ## step benchmark on the tiny world: distill vs TRL GKD vs a bare loop, on/off-policy (installs the bench extra: TRL)
 	$(BIN)/distill tiny-world
 	$(BIN)/pip install -e '.[bench]'
 	$(BIN)/python benchmarks/step.py
 
-bench-memory: ## memory benchmark: peak of a distillation step and an evaluation, full logits vs lean, V = 32k/128k/152k
+bench-memory: $(READY) ## memory benchmark: peak of a distillation step and an evaluation, full logits vs lean, V = 32k/128k/152k
 	$(BIN)/python benchmarks/memory.py
 
-demo: ## tiny world (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
+demo: $(READY) ## tiny world (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/demo.yaml --jobs 2
 	$(BIN)/distill report experiments/runs/demo
 	@echo "report: experiments/runs/demo/report/report.md"
 
-sweep-tiny: ## the study's main grid on tiny world v2 (60 runs + references; measured 1 h 45 min of runs with 2 jobs on 2 idle cores, resumable), archived in experiments/results/tiny_grid
+sweep-tiny: $(READY) ## the study's main grid on tiny world v2 (60 runs + references; measured 1 h 45 min of runs with 2 jobs on 2 idle cores, resumable), archived in experiments/results/tiny_grid
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2 --archive experiments/results/tiny_grid
 	$(BIN)/distill report experiments/results/tiny_grid
 	@echo "report: experiments/results/tiny_grid/report/report.md"
 
-sweep-robustness: ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; measured about 3.3 h with 2 jobs on 2 cores, resumable), archived in experiments/results/tiny_robustness
+sweep-robustness: $(READY) ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; measured about 3.3 h with 2 jobs on 2 cores, resumable), archived in experiments/results/tiny_robustness
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_robustness.yaml --jobs 2 --archive experiments/results/tiny_robustness
 	$(BIN)/distill report experiments/results/tiny_robustness
 
-sweep-style: ## style transfer from teacher-es: {forward, reverse} x mix {0, 0.5, 1} x 2 seeds (12 runs; measured 72 min on 2 cores)
+sweep-style: $(READY) ## style transfer from teacher-es: {forward, reverse} x mix {0, 0.5, 1} x 2 seeds (12 runs; measured 72 min on 2 cores)
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_style.yaml --jobs 2 --archive experiments/results/tiny_style
 	$(BIN)/distill report experiments/results/tiny_style
 
-sweep-rlvr: ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, before/after on the harder variants (16 runs; measured 50 min on 2 cores)
+sweep-rlvr: $(READY) ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, before/after on the harder variants (16 runs; measured 50 min on 2 cores)
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2 --archive experiments/results/tiny_rlvr
 	$(BIN)/distill report experiments/results/tiny_rlvr
 
-sweep-sci: ## the knowledge domain: teacher-sci -> student-sci, mix {0, 0.5, 1} x {forward, reverse} x lr {3e-4, 1e-3} x 2 seeds (24 runs; measured about 15 min a run with 2 jobs on 2 cores, about 2.5 h in all; resumable), archived in experiments/results/tiny_sci
+sweep-sci: $(READY) ## the knowledge domain: teacher-sci -> student-sci, mix {0, 0.5, 1} x {forward, reverse} x lr {3e-4, 1e-3} x 2 seeds (24 runs; measured about 15 min a run with 2 jobs on 2 cores, about 2.5 h in all; resumable), archived in experiments/results/tiny_sci
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/tiny_sci.yaml --jobs 2 --archive experiments/results/tiny_sci
 	$(BIN)/distill report experiments/results/tiny_sci
 
-sweep-paper-llama: ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
+sweep-paper-llama: $(READY) ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml
 
-sweep-paper-qwen: ## the paper grid on Qwen2.5-7B -> Qwen2.5-1.5B (GPU, hub access)
+sweep-paper-qwen: $(READY) ## the paper grid on Qwen2.5-7B -> Qwen2.5-1.5B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen.yaml
 
-sweep-paper-llama-medreason: ## the paper grid on MedReason, Llama pair (GPU, hub access)
+sweep-paper-llama-medreason: $(READY) ## the paper grid on MedReason, Llama pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama_medreason.yaml
 
-sweep-paper-llama-sciq: ## the paper grid on SciQ, Llama pair (GPU, hub access)
+sweep-paper-llama-sciq: $(READY) ## the paper grid on SciQ, Llama pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama_sciq.yaml
 
-sweep-paper-llama-style: ## style transfer (teacher told to reason in Spanish), Llama pair (GPU, hub access)
+sweep-paper-llama-style: $(READY) ## style transfer (teacher told to reason in Spanish), Llama pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama_style.yaml
 
-sweep-paper-qwen-style: ## style transfer (teacher told to reason in Spanish), Qwen pair (GPU, hub access)
+sweep-paper-qwen-style: $(READY) ## style transfer (teacher told to reason in Spanish), Qwen pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen_style.yaml
 
-sweep-paper-qwen-medreason: ## the paper grid on MedReason, Qwen pair (GPU, hub access)
+sweep-paper-qwen-medreason: $(READY) ## the paper grid on MedReason, Qwen pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen_medreason.yaml
 
-sweep-paper-qwen-sciq: ## the paper grid on SciQ, Qwen pair (GPU, hub access)
+sweep-paper-qwen-sciq: $(READY) ## the paper grid on SciQ, Qwen pair (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_qwen_sciq.yaml
 
-gpu-smoke: ## the paper pairs' shapes on one GPU, random weights (<= 10 min): validation, every callback, GRPO, DDP, FSDP2; peak memory per phase vs distill.memory, decode tokens/s vs the bandwidth floor, TRL GKD step time
+gpu-smoke: $(READY) ## the paper pairs' shapes on one GPU, random weights (<= 10 min): validation, every callback, GRPO, DDP, FSDP2; peak memory per phase vs distill.memory, decode tokens/s vs the bandwidth floor, TRL GKD step time
 	PYTHON=$(BIN)/python bash benchmarks/gpu_smoke.sh
 
 # `make report` defaults to the committed tiny-world study: experiments/results/tiny_grid (the study
 # on tiny world v2, written by `make sweep-tiny`) once it exists, until then tiny_grid_v1 (the
 # study on v1, whose teacher was mismatched; see its NOTE.md).
 SWEEP ?= $(if $(wildcard experiments/results/tiny_grid/sweep.json),experiments/results/tiny_grid,experiments/results/tiny_grid_v1)
-report: ## tables, plots and factor analysis of SWEEP (default: experiments/results/tiny_grid, or tiny_grid_v1 until the v2 study is committed)
+report: $(READY) ## tables, plots and factor analysis of SWEEP (default: experiments/results/tiny_grid, or tiny_grid_v1 until the v2 study is committed)
 	$(BIN)/distill report $(SWEEP)
 
-tensorboard: ## TensorBoard over runs/ and experiments/runs/
+tensorboard: $(READY) ## TensorBoard over runs/ and experiments/runs/
 	$(BIN)/tensorboard --logdir_spec runs:runs,sweeps:experiments/runs

@@ -54,6 +54,11 @@ from distill.experiments.tally import Progress, SweepResult, Tally, keep_in_arch
 from distill.rundir import RunDirError, RunLock
 
 POLL_S = 0.1
+STATUS_FILE = "status.json"  # <out>/status.json: the sweep's progress and time left, for other shells
+
+
+def _kind(run: Run) -> str:
+    return "reference" if run.reference else "fit"
 
 
 def _launch(
@@ -94,7 +99,7 @@ def run_sweep(
     result = SweepResult()
     write_sweep_record(spec, runs)
     env = child_env(spec.out, jobs)
-    tally = Tally(result, Progress(len(runs), stream))
+    tally = Tally(result, Progress(len(runs), stream, jobs, spec.out / STATUS_FILE))
     progress = tally.progress
     served: set[Path] = set()
     if archive_to is not None:
@@ -112,6 +117,7 @@ def run_sweep(
         else:
             pending.append(run)
     progress.done = len(result.skipped)
+    progress.pending_kinds = [_kind(run) for run in pending]
     if result.skipped:
         where = f" ({len(served)} of them in {archive_to})" if served else ""
         progress.message(f"[sweep] {len(result.skipped)} run(s) already finished{where}, skipped")
@@ -140,9 +146,9 @@ def run_sweep(
                     tally.fail(run, -3, run.run_dir / rundirs.FIT_LOG, f"[sweep] FAILED {run.name}: {err}")
                     continue
                 active[run.name] = (proc, run, log_path, gpus)
-                progress.running += 1
-                progress.show()
+                progress.begin(run.name, _kind(run))
             time.sleep(POLL_S)
+            progress.tick()
             for name, (proc, run, log_path, gpus) in list(active.items()):
                 code = proc.poll()
                 if code is not None:

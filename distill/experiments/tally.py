@@ -1,7 +1,11 @@
-"""What a running sweep has recorded: its result, its status line, and the finished runs it archives."""
+"""What a running sweep has recorded: its result, its status (line and `status.json`), and the
+finished runs it archives."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,27 +25,136 @@ class SweepResult:
 
 
 class Progress:
-    """One status line: done / running / left / failed, rewritten in place on a terminal."""
+    """The sweep's status: done / running / left / failed and, once a run has finished, the time
+    left. One line rewritten in place on a terminal (a line per change otherwise), and the same
+    figures in `status_path` (JSON, rewritten atomically) for another shell to read.
 
-    def __init__(self, total: int, stream: TextIO):
-        self.total, self.stream = total, stream
-        self.done = self.running = self.failed = 0
+    The time left comes from the durations of the runs finished in this invocation, by kind (a
+    reference's `distill test` is much shorter than a fit): each pending run takes the mean of its
+    kind, a running run what is left of that mean, and the runs are dealt out to `jobs` slots in
+    order, as the sweep does (chained runs waiting for a parent are not modelled)."""
+
+    REFRESH_S = 10.0  # `tick` rewrites the status this often between events
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO,
+        jobs: int = 1,
+        status_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.total, self.stream, self.jobs, self.status_path, self.clock = total, stream, jobs, status_path, clock
+        self.done = self.failed = 0
         self.tty = stream.isatty()
+        self.started: dict[str, tuple[str, float]] = {}  # running run -> (kind, start)
+        self.durations: dict[str, list[float]] = {}  # kind -> seconds of each run finished here
+        self.pending_kinds: list[str] = []  # the kind of each run not started yet, in order
+        self.shown = -float("inf")
+        self.state = "running"
+
+    @property
+    def running(self) -> int:
+        return len(self.started)
+
+    def begin(self, name: str, kind: str = "fit") -> None:
+        if kind in self.pending_kinds:
+            self.pending_kinds.remove(kind)
+        self.started[name] = (kind, self.clock())
+        self.show()
+
+    def end(self, name: str, finished: bool) -> None:
+        """A run exited; a `finished` one's duration joins the estimate."""
+        kind, start = self.started.pop(name)
+        if finished:
+            self.durations.setdefault(kind, []).append(self.clock() - start)
+
+    def _mean(self, kind: str) -> float | None:
+        same = self.durations.get(kind)
+        every = [d for ds in self.durations.values() for d in ds]
+        chosen = same or every
+        return sum(chosen) / len(chosen) if chosen else None
+
+    def seconds_left(self) -> float | None:
+        """The estimated seconds until every run has ended; None before any run has finished."""
+        if not self.durations:
+            return None
+        now = self.clock()
+        slots = sorted(max(0.0, self._mean(kind) - (now - start)) for kind, start in self.started.values())
+        slots += [0.0] * max(0, self.jobs - len(slots))
+        left = self.total - self.done - self.running - self.failed
+        kinds = self.pending_kinds[-left:] if left else []
+        kinds = ["fit"] * (left - len(kinds)) + kinds  # runs nobody named a kind for are fits
+        for kind in kinds:
+            slots.sort()
+            slots[0] += self._mean(kind)
+        return max(slots, default=0.0)
+
+    def figures(self) -> dict:
+        left = self.total - self.done - self.running - self.failed
+        eta = self.seconds_left()
+        return {
+            "state": self.state,  # "ended" once the sweep process stops (a rerun resumes)
+            "total": self.total,
+            "done": self.done,
+            "running": self.running,
+            "left": left,
+            "failed": self.failed,
+            "seconds_left": None if eta is None else round(eta),
+            "finish_at": None if eta is None else _clock_time(time.time() + eta),
+            "running_runs": sorted(self.started),
+            "mean_run_seconds": {k: round(sum(d) / len(d), 1) for k, d in sorted(self.durations.items())},
+            "updated": _clock_time(time.time()),
+        }
 
     def show(self) -> None:
-        left = self.total - self.done - self.running - self.failed
-        line = f"[sweep] {self.done}/{self.total} done, {self.running} running, {left} left, {self.failed} failed"
+        f = self.figures()
+        line = f"[sweep] {f['done']}/{f['total']} done, {f['running']} running, {f['left']} left, {f['failed']} failed"
+        if f["seconds_left"] is not None and (f["left"] or f["running"]):
+            line += f", about {_duration(f['seconds_left'])} left (until {f['finish_at'][11:16]})"
         self.stream.write(f"\r{line}\033[K" if self.tty else line + "\n")
         self.stream.flush()
+        self._write(f)
+
+    def tick(self) -> None:
+        """Between events: refresh the status file (and a terminal's line) every `REFRESH_S`."""
+        if self.clock() - self.shown < self.REFRESH_S:
+            return
+        self.shown = self.clock()
+        if self.tty:
+            self.show()
+        else:
+            self._write(self.figures())
+
+    def _write(self, figures: dict) -> None:
+        self.shown = self.clock()
+        if self.status_path is None:
+            return
+        tmp = self.status_path.with_name(self.status_path.name + ".tmp")
+        tmp.write_text(json.dumps(figures, indent=1) + "\n")
+        os.replace(tmp, self.status_path)
 
     def message(self, text: str) -> None:
         self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
         self.show()
 
     def close(self) -> None:
+        self.state = "ended"
+        self._write(self.figures())
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{round(seconds)} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(1, minutes)} min"
+
+
+def _clock_time(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
 @dataclass
@@ -62,8 +175,9 @@ class Tally:
 
     def exited(self, run: Run, code: int, log_path: Path) -> None:
         """Record a fit (or a reference's test) that exited with `code`."""
-        self.progress.running -= 1
-        if code == 0 and rundirs.is_done(run):
+        finished = code == 0 and rundirs.is_done(run)
+        self.progress.end(run.name, finished)
+        if finished:
             self.result.finished.append(run.name)
             self.progress.done += 1
             if self.keep is not None:

@@ -52,6 +52,10 @@ def test_two_jobs_run_everything_in_parallel(grid_spec, fake_fit, tmp_path, monk
     assert main([str(grid_spec), "--jobs", "2"], fit_prefix=fake_fit) == 0
     out = capsys.readouterr().out
     assert "[sweep] 4/4 done, 0 running, 0 left, 0 failed" in out
+    assert "left (until " in out  # an estimate once the first run has finished
+    status = json.loads((tmp_path / "runs" / "status.json").read_text())
+    assert (status["state"], status["done"], status["left"], status["running"]) == ("ended", 4, 0, 0)
+    assert status["mean_run_seconds"]["fit"] >= 0.6
     spans = []
     for name, mix in zip(NAMES, [0, 0, 0.5, 0.5]):
         run_dir = tmp_path / "runs" / name
