@@ -44,7 +44,8 @@ class Progress:
         status_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.total, self.stream, self.jobs, self.status_path, self.clock = total, stream, jobs, status_path, clock
+        self.total, self.stream, self.jobs = total, stream, jobs
+        self.status_path, self.clock = status_path, clock
         self.done = self.failed = 0
         self.tty = stream.isatty()
         self.started: dict[str, tuple[str, float]] = {}  # running run -> (kind, start)
