@@ -1,12 +1,13 @@
-"""`RolloutSampler`: rollouts from a student/teacher mixture, at four granularities."""
+"""`RolloutSampler`: rollouts from a student/teacher mixture, at four granularities.
+
+The sampler holds and checks the settings and runs a call: its per-row bookkeeping is a
+`call.SampleCall`, who writes which token is `strategies`.
+"""
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -15,56 +16,14 @@ from distill.checks import is_int, is_number
 from distill.models.forward import eval_no_grad
 from distill.names import GRANULARITIES
 from distill.rollout.batch import RolloutBatch
-from distill.rollout.cache import RolloutCache, row_key, teacher_identity
-from distill.rollout.decoding import (
-    Decoded,
-    StepRule,
-    check_left_padded,
-    choose_tokens,
-    decode,
-    logit_width,
-    strip_common_padding,
-)
+from distill.rollout.cache import RolloutCache
+from distill.rollout.call import SampleCall, unpadded
+from distill.rollout.decoding import check_left_padded, logit_width
 from distill.rollout.special_ids import special_ids
-from distill.rollout.streams import RowStreams
+from distill.rollout.strategies import sample_per_row, sample_per_token
 from distill.seeds import derive_seed
 
 CACHE_ENV = "DISTILL_ROLLOUT_CACHE"
-
-
-@dataclass
-class _Call:
-    """One `RolloutSampler.sample` call: its inputs, derived per-row facts, and what it fills."""
-
-    input_ids: Tensor
-    mask: Tensor
-    prompts: list[list[int]]
-    occurrence: list[int]  # index of each row among identical prompts of the batch
-    settings: dict
-    seed: int | None
-    generator: torch.Generator | None
-    vocab: int
-    eos_ids: list[int]
-    pad_id: int
-    rows: list[list[int]]  # generated ids per row
-    by_teacher: list[list[bool]]  # per generated token: written by the teacher
-    forward_tokens: dict[str, int] = field(default_factory=lambda: {"teacher": 0, "student": 0})
-    cached: int = 0  # teacher rows read from the cache
-    # The teacher's own prompt batch (teacher-only context), or None: it reads `input_ids`.
-    teacher_ids: Tensor | None = None
-    teacher_mask: Tensor | None = None
-    teacher_prompts: list[list[int]] | None = None
-
-    def prompt_of(self, role: str) -> tuple[Tensor, Tensor]:
-        """The left-padded prompt batch `role` ("teacher" or "student") decodes after."""
-        if role == "teacher" and self.teacher_ids is not None:
-            return self.teacher_ids, self.teacher_mask
-        return self.input_ids, self.mask
-
-    @property
-    def decode_kwargs(self) -> dict:
-        max_new, eos, pad = self.settings["max_new_tokens"], self.eos_ids, self.pad_id
-        return dict(vocab_size=self.vocab, max_new_tokens=max_new, eos_token_ids=eos, pad_token_id=pad)
 
 
 class RolloutSampler:
@@ -212,15 +171,15 @@ class RolloutSampler:
                     f"got {teacher_input_ids.shape[0]}"
                 )
             call.teacher_ids, call.teacher_mask = teacher_input_ids, teacher_attention_mask.long()
-            call.teacher_prompts = _unpadded(teacher_input_ids, call.teacher_mask)
+            call.teacher_prompts = unpadded(teacher_input_ids, call.teacher_mask)
         with eval_no_grad(student, teacher):
             if self.granularity in ("batch", "sequence"):
-                self._sample_per_row(call, student, teacher)
+                sample_per_row(self, call, student, teacher)
             else:
-                self._sample_per_token(call, student, teacher)
-        return self._assemble(call, time.perf_counter() - start)
+                sample_per_token(self, call, student, teacher)
+        return call.assemble(time.perf_counter() - start)
 
-    def _prepare(self, student, teacher, input_ids, attention_mask, generator, seed) -> _Call:
+    def _prepare(self, student, teacher, input_ids, attention_mask, generator, seed) -> SampleCall:
         eos_ids, pad_id = special_ids(
             self.eos_token_id, self.pad_token_id, student, teacher, self.tokenizer_ids
         )
@@ -235,7 +194,7 @@ class RolloutSampler:
             "vocab_size": vocab,
         }
         mask = attention_mask.long()
-        prompts = _unpadded(input_ids, mask)
+        prompts = unpadded(input_ids, mask)
         seen: dict[tuple[int, ...], int] = {}
         occurrence = []
         for p in prompts:
@@ -244,7 +203,7 @@ class RolloutSampler:
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(derive_seed(seed, "batch", prompts))
         b = input_ids.shape[0]
-        return _Call(
+        return SampleCall(
             input_ids=input_ids,
             mask=mask,
             prompts=prompts,
@@ -258,123 +217,6 @@ class RolloutSampler:
             rows=[[] for _ in range(b)],
             by_teacher=[[] for _ in range(b)],
         )
-
-    def _streams(self, call: _Call, role: str, rows: Sequence[int]) -> RowStreams:
-        """Per-row keyed streams seeded by (seed, role, prompt, occurrence, settings) when seeded;
-        else one shared stream drawn from the batch generator (or the global RNG)."""
-        if call.seed is not None:
-            seeds = [
-                derive_seed(call.seed, role, call.prompts[i], call.occurrence[i], call.settings) for i in rows
-            ]
-            return RowStreams.per_row(seeds, call.input_ids.device)
-        device = call.generator.device if call.generator is not None else "cpu"
-        draw = torch.randint(2**62, (1,), generator=call.generator, device=device)
-        return RowStreams.shared_from(int(draw), call.input_ids.device)
-
-    def _sample_per_row(self, call: _Call, student: nn.Module, teacher: nn.Module) -> None:
-        """`batch` / `sequence`: whole rows written by one model; teacher rows come from the cache
-        when it has them (seeded or greedy sampling), else are decoded and stored."""
-        b = call.input_ids.shape[0]
-        teacher_idx = self._teacher_rows(b, call.generator)
-        student_idx = [i for i in range(b) if i not in set(teacher_idx)]
-        keys = {}
-        if self.cache is not None and (call.seed is not None or self.temperature == 0) and teacher_idx:
-            identity = teacher_identity(teacher)
-            key_seed = None if self.temperature == 0 else call.seed  # greedy output ignores the seed
-            own = call.teacher_prompts  # the teacher's own prompt, when it reads one
-            keys = {
-                i: row_key(
-                    identity,
-                    call.prompts[i],
-                    call.occurrence[i],
-                    call.settings,
-                    key_seed,
-                    **({} if own is None else {"teacher_prompt": own[i]}),
-                )
-                for i in teacher_idx
-            }
-        todo = []
-        for i in teacher_idx:
-            hit = self.cache.get(keys[i]) if i in keys else None
-            if hit is None or not 1 <= len(hit) <= self.max_new_tokens:
-                todo.append(i)
-            else:
-                call.rows[i], call.by_teacher[i] = hit, [True] * len(hit)
-                call.cached += 1
-        if todo:
-            self._decode_rows(call, teacher, "teacher", todo)
-            for i in todo:
-                if i in keys:
-                    self.cache.put(keys[i], call.rows[i])
-        if student_idx:
-            self._decode_rows(call, student, "student", student_idx)
-
-    def _decode_rows(self, call: _Call, model: nn.Module, role: str, idx: list[int]) -> None:
-        ids, m = call.prompt_of(role)
-        ids, m = strip_common_padding(ids[idx], m[idx])
-        rule = self._single_rule(role == "teacher")
-        out = decode([model], ids, m, rule, self._streams(call, role, idx), **call.decode_kwargs)
-        call.forward_tokens[role] += out.forward_tokens[0]
-        self._collect(out, idx, call)
-
-    def _sample_per_token(self, call: _Call, student: nn.Module, teacher: nn.Module) -> None:
-        """`token` / `speculative`: both models step together; a rule picks each token's writer."""
-        b = call.input_ids.shape[0]
-        rule = self._token_rule() if self.granularity == "token" else self._speculative_rule(call.vocab)
-        streams = self._streams(call, self.granularity, range(b))
-        own = None if call.teacher_ids is None else [None, call.prompt_of("teacher")]
-        out = decode(
-            [student, teacher],
-            call.input_ids,
-            call.mask,
-            rule,
-            streams,
-            model_prompts=own,
-            **call.decode_kwargs,
-        )
-        call.forward_tokens["student"], call.forward_tokens["teacher"] = out.forward_tokens
-        self._collect(out, list(range(b)), call)
-
-    # -- choosing who writes ---------------------------------------------------------------
-
-    def _teacher_rows(self, b: int, generator: torch.Generator | None) -> list[int]:
-        device = generator.device if generator is not None else "cpu"
-        if self.granularity == "batch":
-            coin = torch.rand((), generator=generator, device=device)
-            return list(range(b)) if bool(coin < self.mix) else []
-        n = math.floor(self.mix * b + 0.5)
-        return sorted(torch.randperm(b, generator=generator, device=device)[:n].tolist())
-
-    def _choose(self, logits: Tensor, streams: RowStreams, purpose: str = "token") -> Tensor:
-        return choose_tokens(logits, streams, self.temperature, self.top_k, self.top_p, purpose)
-
-    def _single_rule(self, teacher: bool) -> StepRule:
-        def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
-            tokens = self._choose(logits[0], streams)
-            return tokens, torch.full_like(tokens, teacher, dtype=torch.bool)
-
-        return rule
-
-    def _token_rule(self) -> StepRule:
-        def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
-            student, teacher = logits
-            pick_teacher = streams.uniform(student.shape[0], "mix") < self.mix
-            # Filtering is per row, so sampling each row from its writer's logits is the mixture.
-            return self._choose(torch.where(pick_teacher[:, None], teacher, student), streams), pick_teacher
-
-        return rule
-
-    def _speculative_rule(self, vocab: int) -> StepRule:
-        k = min(self.speculative_top_k, vocab)
-
-        def rule(logits: list[Tensor], streams: RowStreams) -> tuple[Tensor, Tensor]:
-            student, teacher = logits
-            proposal = self._choose(student, streams)
-            accepted = (teacher.topk(k, dim=-1).indices == proposal[:, None]).any(dim=-1)
-            replacement = self._choose(teacher, streams, "replacement")
-            return torch.where(accepted, proposal, replacement), ~accepted
-
-        return rule
 
     # -- inputs and outputs ----------------------------------------------------------------
 
@@ -396,52 +238,3 @@ class RolloutSampler:
                 f"vocab_size must be <= the models' logit widths ({widths}), got {self.vocab_size}"
             )
         return self.vocab_size
-
-    @staticmethod
-    def _collect(out: Decoded, idx: list[int], call: _Call) -> None:
-        tokens, teacher, lengths = out.tokens.tolist(), out.teacher.tolist(), out.lengths.tolist()
-        for j, i in enumerate(idx):
-            call.rows[i], call.by_teacher[i] = tokens[j][: lengths[j]], teacher[j][: lengths[j]]
-
-    @staticmethod
-    def _assemble(call: _Call, seconds: float) -> RolloutBatch:
-        input_ids, mask, fwd = call.input_ids, call.mask, call.forward_tokens
-        b, p = input_ids.shape
-        n = max(len(r) for r in call.rows)
-        gen = torch.full((b, n), call.pad_id, dtype=input_ids.dtype)
-        written = torch.zeros(b, n, dtype=torch.bool)
-        teacher = torch.zeros(b, n, dtype=torch.bool)
-        for i, (r, t) in enumerate(zip(call.rows, call.by_teacher)):
-            gen[i, : len(r)] = torch.tensor(r, dtype=input_ids.dtype)
-            written[i, : len(r)] = True
-            teacher[i, : len(t)] = torch.tensor(t, dtype=torch.bool)
-        device = input_ids.device
-        prompt_false = torch.zeros(b, p, dtype=torch.bool, device=device)
-        completion = torch.cat([prompt_false, written.to(device)], dim=1)
-        teacher_tokens = int(teacher.sum())
-        teacher_view = {}
-        if call.teacher_ids is not None:
-            teacher_view = {
-                "teacher_input_ids": torch.cat([call.teacher_ids, gen.to(device)], dim=1),
-                "teacher_attention_mask": torch.cat([call.teacher_mask, written.to(device).long()], dim=1),
-            }
-        return RolloutBatch(
-            input_ids=torch.cat([input_ids, gen.to(device)], dim=1),
-            attention_mask=torch.cat([mask, written.to(device).long()], dim=1),
-            completion_mask=completion,
-            teacher_token_mask=torch.cat([prompt_false, teacher.to(device)], dim=1),
-            prompt_length=p,
-            teacher_generated_tokens=teacher_tokens,
-            student_generated_tokens=int(written.sum()) - teacher_tokens,
-            teacher_forward_tokens=fwd["teacher"],
-            student_forward_tokens=fwd["student"],
-            rollout_seconds=seconds,
-            cached_teacher_rows=call.cached,
-            truncated_rows=sum(1 for r in call.rows if r[-1] not in call.eos_ids),
-            **teacher_view,
-        )
-
-
-def _unpadded(input_ids: Tensor, mask: Tensor) -> list[list[int]]:
-    """Each row's ids with the padding (mask 0) removed."""
-    return [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), mask.cpu())]

@@ -44,7 +44,11 @@ DIFFICULTIES: dict[str, Difficulty] = {
     "countdown3": Difficulty(3),
     "countdown4": Difficulty(4),  # the paper's harder variants
     "countdown5": Difficulty(5),
-    # Longer reasoning chains: more numbers, hence more steps, and a wider target range.
+    # Tiny world v3's second held-out variant: Countdown-3's search over numbers and targets up to
+    # 999 (3-digit arithmetic at every step).
+    "countdown3_large": Difficulty(3, 1, 999, 1, 999),
+    # v2's longer reasoning chains: more numbers, hence more steps, and a wider target range (its
+    # teacher solved none; v3's long chain is `distill.tasks.countdown_chain`).
     "longchain": Difficulty(6, 1, 25, 100, 999),
 }
 
@@ -133,11 +137,11 @@ def solve_tree(numbers, target):
     return None
 
 
-def _render(tree, top: bool = True) -> str:
+def render(tree, top: bool = True) -> str:
     if isinstance(tree, int):
         return str(tree)
     op, left, right = tree
-    text = f"{_render(left, False)}{op}{_render(right, False)}"
+    text = f"{render(left, False)}{op}{render(right, False)}"
     return text if top else f"({text})"
 
 
@@ -164,7 +168,7 @@ def steps(tree) -> list[str]:
 def solve(numbers, target) -> str | None:
     """One expression using every number exactly once that equals `target`, or None."""
     tree = solve_tree(numbers, target)
-    return None if tree is None else _render(tree)
+    return None if tree is None else render(tree)
 
 
 STYLES = ("plain", "spanish", "teacher")  # "teacher": v1's name for "spanish", kept for its recipe
@@ -183,13 +187,13 @@ def solution(numbers, target, style: str = "plain") -> str | None:
     if style != "plain":
         first, then = TEACHER_CONNECTIVES
         parts = [f"{first if i == 0 else then} {s}" for i, s in enumerate(parts)]
-    return f"<think>{', '.join(parts)}</think><answer>{_render(tree)}</answer>"
+    return f"<think>{', '.join(parts)}</think><answer>{render(tree)}</answer>"
 
 
 # --- generating ----------------------------------------------------------------------------------
 
 
-def _random_target(rng: random.Random, numbers: list[int]) -> int | None:
+def random_target(rng: random.Random, numbers: list[int]) -> int | None:
     """Combine the numbers in random order with random ops (integer steps only); the result."""
     pool = [Fraction(n) for n in numbers]
     while len(pool) > 1:
@@ -216,7 +220,7 @@ def generate(n: int, seed: int = 0, difficulty_name: str = "countdown3") -> list
     out: list[Problem] = []
     while len(out) < n:
         numbers = [rng.randint(spec.low, spec.high) for _ in range(spec.count)]
-        target = _random_target(rng, numbers)
+        target = random_target(rng, numbers)
         if target is not None and spec.target_low <= target <= spec.target_high:
             out.append(Problem(tuple(numbers), target))
     return out

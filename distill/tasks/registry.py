@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from distill.tasks import countdown, prior, qa, qa_datasets, tinysci
+from distill.tasks import countdown, countdown_chain, prior, qa, qa_datasets, tinysci
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,26 @@ class CountdownTask:
         """The normalised final answer (for counting distinct answers)."""
         found = countdown.expression.last_answer(completion)
         return None if found is None else re.sub(r"\s+", "", found)
+
+
+@dataclass(frozen=True)
+class CountdownChainTask(CountdownTask):
+    """Two chained Countdown-3 problems (`distill.tasks.countdown_chain`): rows hold all five
+    `numbers` and the final `target`, so scoring and answers are Countdown's."""
+
+    name: str = countdown_chain.NAME
+
+    def rows(self, n: int, seed: int) -> list[dict]:
+        return [
+            {
+                "prompt": countdown_chain.prompt(p),
+                "messages": countdown_chain.chat_messages(p),
+                "numbers": list(p.numbers),
+                "target": p.target,
+                "via": p.via,
+            }
+            for p in countdown_chain.generate(n, seed)
+        ]
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,7 @@ class TinySciTask:
 
 TASKS = (
     {name: CountdownTask(name) for name in countdown.DIFFICULTIES}
+    | {countdown_chain.NAME: CountdownChainTask()}
     | {name: PriorTask(name) for name in prior.TASKS}
     | {name: TinySciTask(name, pool) for name, pool in tinysci.TASKS.items()}
 )

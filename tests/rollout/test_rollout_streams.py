@@ -8,6 +8,7 @@ import torch
 from distill.errors import Diverged
 from distill.rollout import RolloutSampler
 from distill.rollout.decoding import choose_tokens, filter_logits
+from distill.rollout.strategies import token_rule
 from distill.rollout.streams import PURPOSES, RowStreams, inverse_cdf, keyed_uniform, mix64, stream_key
 
 CPU = torch.device("cpu")
@@ -159,7 +160,7 @@ def test_token_mixture_follows_both_models():
     n, mix = 40000, 0.3
     p_s = torch.tensor([0.6, 0.3, 0.1, 0.0])
     p_t = torch.tensor([0.0, 0.2, 0.3, 0.5])
-    rule = RolloutSampler(mix, "token", vocab_size=4)._token_rule()
+    rule = token_rule(RolloutSampler(mix, "token", vocab_size=4))
     logits = [p.log().repeat(n, 1) for p in (p_s, p_t)]
     tokens, by_teacher = rule(logits, RowStreams.per_row(range(n), CPU).at(0))
     assert abs(float(by_teacher.double().mean()) - mix) < 0.01
