@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distill.data.module import ResumableShuffle
+from distill.data.order import ResumableShuffle
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -125,7 +125,7 @@ def test_evaluation_batches_are_as_many_on_every_rank(n, batch_size, world):
     """Ranks walk their evaluation loops in step (under FSDP each batch's rollout is a collective):
     equally many non-empty batches on every rank, together every prompt once, each batch within
     `batch_size` (one over only for batch size 1 with unequal shards)."""
-    from distill.data.module import EvenBatches
+    from distill.data.order import EvenBatches
 
     ranks = [list(EvenBatches(n, batch_size, world, r)) for r in range(world)]
     assert len({len(batches) for batches in ranks}) == 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from distill.data.module import ResumableShuffle
+from distill.data.order import ResumableShuffle
 from distill.errors import Diverged
 from distill.experiments.records import load_records, run_problem
 from distill.rundir import AtomicCheckpointIO, RunDirError, RunLock, config_changes, finite_metrics
