@@ -1,5 +1,5 @@
-"""`distill.memory`: the README's memory tables are what it prints, its parameter counts are the
-models', and its per-phase bytes match the live tensor bytes of a rollout and of a training step
+"""`distill.memory`: the memory tables of docs/gpus-and-memory.md are what it prints, its parameter
+counts are the models', and its per-phase bytes match the live tensor bytes of a rollout and of a training step
 measured on two small models (a Llama and a Qwen2 shape, GQA, float32 students, a bf16 teacher)
 under Lightning's own `bf16-mixed` context on the CPU (an autocast with `cache_enabled=False`),
 through the code a run executes: `RolloutSampler.sample`, `DistillationModule.accumulate_gradients`
@@ -45,10 +45,10 @@ TOLERANCE = 0.05
 VOCAB = 2048
 
 
-def test_the_readme_tables_are_what_the_formula_prints():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_tables_are_what_the_formula_prints():
+    text = (ROOT / "docs" / "gpus-and-memory.md").read_text()
     block = re.search(r"<!-- memory tables: begin -->\n(.*?)<!-- memory tables: end -->", text, re.S)
-    assert block, "README.md lacks the memory tables' markers"
+    assert block, "docs/gpus-and-memory.md lacks the memory tables' markers"
     assert block.group(1) == readme_tables(), "regenerate with: python -m distill.memory"
 
 
