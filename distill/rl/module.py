@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import time
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -35,9 +34,8 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
-from distill.losses import gradient_denominator, step_token_count
 from distill.models.compiled import compile_forwards
-from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
+from distill.models.forward import drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
     check_model_path,
@@ -48,18 +46,10 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.names import KL_ESTIMATORS
-from distill.parallel import full_tensor, gradient_sync, keep_out_of_ddp, shard_model
-from distill.rl.logprobs import token_logprobs_and_kl
-from distill.rl.objective import (
-    GRPOBatch,
-    check_sampling,
-    clipped_surrogate,
-    group_advantages,
-    kl_penalty,
-    reward_moments,
-)
+from distill.parallel import full_tensor, keep_out_of_ddp, shard_model
+from distill.rl import passes as grpo_passes
+from distill.rl.objective import GRPOBatch, check_sampling, reward_moments
 from distill.rollout.compiled import compile_decoding, eager_if_sharded
-from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
     GuardCheckpointing,
@@ -234,93 +224,15 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     # --- training ---------------------------------------------------------------------------------
     def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
         """Verifier score of each completion (`[B]` float32) and the completions' texts."""
-        task = get_task(batch["task"])
-        texts = batch["rollout"].completions(self.tokenizer)
-        scores = [task.score(text, row) for text, row in zip(texts, batch["rows"])]
-        return torch.tensor(scores, dtype=torch.float32, device=batch["rollout"].input_ids.device), texts
+        return grpo_passes.verifier_rewards(self, batch)
 
     def prepare(self, batch: dict) -> GRPOBatch:
-        """Rewards, advantages and masks of a rollout batch (log-prob buffers still empty)."""
-        rollout = batch["rollout"]
-        rewards, texts = self.rewards(batch)
-        advantages, zero_signal = group_advantages(
-            rewards,
-            int(batch.get("group_size", 1)),
-            self.hparams.scale_rewards,
-            self.hparams.advantage_epsilon,
-        )
-        mask = rollout.completion_mask[:, 1:]
-        return GRPOBatch(
-            rollout=rollout,
-            rewards=rewards,
-            texts=texts,
-            advantages=advantages,
-            zero_signal=zero_signal,
-            mask=mask,
-            num_items=step_token_count([mask]),
-            old_logp=torch.zeros(mask.shape, device=mask.device),
-            ref_logp=torch.zeros(mask.shape, device=mask.device),
-        )
+        """Rewards, advantages and masks of a rollout batch (`distill.rl.passes.prepare`)."""
+        return grpo_passes.prepare(self, batch)
 
     def accumulate_gradients(self, step: GRPOBatch, first: bool) -> dict[str, float]:
-        """One pass of backward over `step` in micro-batches, each token's loss divided by the
-        completion tokens of the whole step. The first pass (`first`) runs with the sampling
-        policy's parameters, before any optimiser step: it stores its detached log-probs as the old
-        log-probs of later passes (saving a no-grad forward) and the reference's log-probs. Returns
-        token sums (`loss`: the pass's loss, already normalised) and wall seconds per phase."""
-        ids, attn = step.rollout.input_ids, step.rollout.attention_mask
-        tokens, mask, num_items = ids[:, 1:], step.mask, step.num_items
-        denom = gradient_denominator(num_items.clamp(min=1))  # num_items / world size (DDP averages)
-        backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
-        size = self.hparams.micro_batch_size or ids.shape[0]
-        sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
-        starts = range(0, ids.shape[0], size)
-        for start in starts:
-            # Lean: the last K columns only (`DistillationModule.accumulate_gradients`).
-            keep = completion_width(mask[start : start + size]) if self.hparams.lean_logits else None
-            rows = (slice(start, start + size), slice(-keep if keep else None, None))
-            m, ref_logits = mask[rows].float(), None
-            t0 = time.perf_counter()
-            if first and self.reference is not None:
-                with torch.no_grad():
-                    ref_logits = causal_logits(
-                        self.reference, ids[rows[0]], attn[rows[0]], self.vocab_size, keep
-                    )
-                    step.ref_logp[rows] = token_logprobs_and_kl(ref_logits, tokens[rows], self.temperature)[0]
-            t1 = time.perf_counter()
-            logits = causal_logits(self.student, ids[rows[0]], attn[rows[0]], self.vocab_size, keep)
-            if self.logit_grad_sink is not None:
-                logits.register_hook(
-                    partial(
-                        self.logit_grad_sink.record,
-                        completion_mask=mask[rows],
-                        teacher_token_mask=torch.zeros_like(mask[rows]),
-                        num_items=denom,
-                    )
-                )
-            # The first pass's KL to the reference comes from the log-probs' own softmaxes.
-            logp, kl_to_start = token_logprobs_and_kl(logits, tokens[rows], self.temperature, ref_logits)
-            if first:
-                step.old_logp[rows] = logp.detach()
-                if kl_to_start is not None:
-                    sums["kl_to_start"] += float((kl_to_start * m).sum())
-                del ref_logits
-            per_token, cut = clipped_surrogate(
-                logp, step.old_logp[rows], step.advantages[rows[0]], self.clip_low, self.clip_high
-            )
-            if self.hparams.kl_coef > 0:
-                kl = kl_penalty(logp, step.ref_logp[rows], self.hparams.kl_estimator)
-                per_token = per_token + self.hparams.kl_coef * kl
-                sums["kl_penalty"] += float((kl.detach() * m).sum())
-            loss = (per_token * m).sum() / denom
-            with gradient_sync(self, last=start == starts[-1]):  # DDP: one all-reduce per step
-                backward(loss)
-            sums["loss"] += float(loss.detach())
-            sums["clipped"] += float((cut.float() * m).sum())
-            sums["reference_s"] += t1 - t0
-            sums["policy_s"] += time.perf_counter() - t1
-            del logits, logp, per_token, loss
-        return sums
+        """One pass of backward over `step` in micro-batches (`distill.rl.passes`)."""
+        return grpo_passes.accumulate_gradients(self, step, first)
 
     def optimizer_steps_per_batch(self) -> int:
         """Optimiser steps the coming batch takes: `num_iterations`, cut so that the run never steps
