@@ -1,4 +1,4 @@
-"""`StyleProbe`: how much of the teacher's style the student's greedy outputs carry."""
+"""`StyleProbe`: how much of the teacher's style the student's greedy (and sampled) outputs carry."""
 
 from __future__ import annotations
 
@@ -77,6 +77,11 @@ class StyleProbe(L.Callback):
         max_new_tokens: greedy completion budget; None: the datamodule's `eval_max_new_tokens`
             (else 128).
         batch_size: prompts per generation call.
+        samples: also draw this many completions per prompt at temperature 1 (seeded: the same
+            draws at every probe) and log their share as `style/teacher_style_share_sampled`, an
+            estimate of the student's probability of writing the style. The greedy share is a
+            0/1 switch per prompt (it flips when that probability passes the other choices');
+            the sampled share grades the adoption. 0: greedy only.
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class StyleProbe(L.Callback):
         every_n_steps: int = 50,
         max_new_tokens: int | None = None,
         batch_size: int = 128,
+        samples: int = 0,
     ):
         owner = "StyleProbe"
         if detector is not None:
@@ -111,9 +117,11 @@ class StyleProbe(L.Callback):
         self.interval = StepInterval(self.every_n_steps)
         self.max_new_tokens = check_int(f"{owner}.max_new_tokens", max_new_tokens, 1, optional=True)
         self.batch_size = check_int(f"{owner}.batch_size", batch_size, 1)
+        self.samples = check_int(f"{owner}.samples", samples, 0)
         self.rows = get_task(self.task).rows(num_prompts, seed=ROWS_SEED)
         self.start: float | None = None
         self.latest: float | None = None
+        self.latest_sampled: float | None = None
         self.last_step = -1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -132,15 +140,17 @@ class StyleProbe(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)
 
-    def share(self, trainer, pl_module) -> float:
-        """The current share over the probe's prompts (each rank rolls out its `rank_share`)."""
+    def share(self, trainer, pl_module, temperature: float = 0.0, samples: int = 1) -> float:
+        """The current share over the probe's prompts, greedy or over `samples` seeded draws per
+        prompt at `temperature` (each rank rolls out its `rank_share`)."""
         budget = self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128)
-        sampler = RolloutSampler(mix=0.0, max_new_tokens=budget, temperature=0.0)
-        mine = rank_share(self.rows)
-        rollouts = student_rollouts(trainer, pl_module, mine, sampler, self.batch_size)
+        sampler = RolloutSampler(mix=0.0, max_new_tokens=budget, temperature=temperature)
+        rows = [row for row in self.rows for _ in range(samples)]
+        seed = None if temperature == 0 else ROWS_SEED
+        rollouts = student_rollouts(trainer, pl_module, rank_share(rows), sampler, self.batch_size, seed)
         texts = [t for r in rollouts for t in r.completions(pl_module.tokenizer)]
         hits = sum(bool(self.detector(t)) for t in texts)
-        return summed_over_ranks([hits], pl_module.device)[0] / len(self.rows)
+        return summed_over_ranks([hits], pl_module.device)[0] / len(rows)
 
     def _measure(self, trainer, pl_module) -> None:
         if trainer.global_step == self.last_step:
@@ -148,18 +158,32 @@ class StyleProbe(L.Callback):
         self.last_step = trainer.global_step
         with gathered(pl_module.student):  # under FSDP: one gather for the whole measurement
             self.latest = self.share(trainer, pl_module)
+            if self.samples:
+                self.latest_sampled = self.share(trainer, pl_module, 1.0, self.samples)
         if self.start is None:
             self.start = self.latest
-        log_scalars(trainer, {"style/teacher_style_share": self.latest})
+        figures = {"style/teacher_style_share": self.latest}
+        if self.samples:
+            figures["style/teacher_style_share_sampled"] = self.latest_sampled
+        log_scalars(trainer, figures)
 
     def summary(self) -> dict[str, float]:
         if self.latest is None:
             return {}
-        return {"style/teacher_style_share": self.latest, "style/teacher_style_share_start": self.start}
+        out = {"style/teacher_style_share": self.latest, "style/teacher_style_share_start": self.start}
+        if self.latest_sampled is not None:
+            out["style/teacher_style_share_sampled"] = self.latest_sampled
+        return out
 
     def state_dict(self) -> dict:
-        return {"start": self.start, "latest": self.latest, "last_step": self.last_step}
+        return {
+            "start": self.start,
+            "latest": self.latest,
+            "latest_sampled": self.latest_sampled,
+            "last_step": self.last_step,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.start, self.latest = state_dict["start"], state_dict["latest"]
+        self.latest_sampled = state_dict.get("latest_sampled")  # checkpoints before it had none
         self.last_step = int(state_dict["last_step"])

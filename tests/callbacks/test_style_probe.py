@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 
@@ -70,3 +71,49 @@ def test_share_is_logged_at_start_and_intervals(monkeypatch, fake_trainer, fake_
 def test_options_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StyleProbe(**kwargs)
+
+
+def test_sampled_share_is_logged_beside_the_greedy_one_and_resumes(monkeypatch, fake_trainer, fake_module):
+    probe = StyleProbe(num_prompts=1, every_n_steps=1, samples=4)
+    calls = []
+
+    def share(trainer, module, temperature=0.0, samples=1):
+        calls.append((temperature, samples))
+        return 1.0 if temperature == 0 else 0.25
+
+    monkeypatch.setattr(probe, "share", share)
+    trainer, module = fake_trainer(), fake_module(None)
+    probe.on_train_start(trainer, module)
+    assert calls == [(0.0, 1), (1.0, 4)]
+    assert trainer.loggers[0].calls == [
+        (0, {"style/teacher_style_share": 1.0, "style/teacher_style_share_sampled": 0.25})
+    ]
+    assert probe.summary()["style/teacher_style_share_sampled"] == 0.25
+    resumed = StyleProbe(num_prompts=1, samples=4)
+    resumed.load_state_dict(probe.state_dict())
+    assert resumed.summary() == probe.summary()
+    old = {k: v for k, v in probe.state_dict().items() if k != "latest_sampled"}
+    StyleProbe(num_prompts=1).load_state_dict(old)  # a checkpoint from before the option
+
+
+def test_sampled_share_estimates_the_students_probability_of_the_style(fake_trainer, fake_module, tiny_student):
+    """With one new token, the sampled share is the student's probability of a first token that
+    the detector accepts: compared with that probability from a direct forward pass."""
+    import torch
+
+    from distill.callbacks.generation import prompt_collator
+
+    probe = StyleProbe(pattern=r"^[0-9]", task="addition", num_prompts=4, max_new_tokens=1, batch_size=300)
+    trainer, module = fake_trainer(), fake_module(tiny_student)
+    tok = module.tokenizer
+    digit = torch.tensor([bool(re.match(r"^[0-9]", tok.decode([i], skip_special_tokens=True))) for i in range(len(tok))])
+    expected = []
+    for row in probe.rows:
+        enc = prompt_collator(trainer, module).student([row])
+        with torch.no_grad():
+            logits = tiny_student(**enc).logits[0, -1, : len(tok)].float()
+        expected.append(float(torch.softmax(logits, -1)[digit].sum()))
+    sampled = probe.share(trainer, module, 1.0, 300)  # a batch a prompt: no padding
+    assert sampled == probe.share(trainer, module, 1.0, 300)  # seeded: the same draws every probe
+    assert abs(sampled - sum(expected) / len(expected)) < 0.05  # 1,200 draws: sd <= 0.015
+    assert probe.share(trainer, module) in {0.0, 0.25, 0.5, 0.75, 1.0}  # greedy: a switch per prompt
