@@ -49,7 +49,7 @@ from transformers import LlamaForCausalLM
 
 from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, task_accuracy
 from distill.models.tiny import char_tokenizer
-from distill.models.tiny_world_recipes import QUICK, V1, V2, VERSIONS, Bar, ModelRecipe, Recipe
+from distill.models.tiny_world_recipes import COMMITTED, QUICK, V1, V2, V3, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, corpus_digest, duration, train_model
 from distill.runinfo import write_json_atomic
 from distill.tasks import countdown, prior, tinysci
@@ -59,6 +59,7 @@ __all__ = [
     "QUICK",
     "V1",
     "V2",
+    "V3",
     "VERSIONS",
     "Bar",
     "ModelRecipe",
@@ -86,7 +87,7 @@ def assets_dir(version: str = "v2") -> Path:
 
 def committed_build(recipe: Recipe) -> Path | None:
     """The committed build of a full recipe (None for others, e.g. `QUICK`)."""
-    return next((assets_dir(v) for v, r in VERSIONS.items() if r == recipe), None)
+    return next((assets_dir(v) for v, r in VERSIONS.items() if r == recipe and v in COMMITTED), None)
 
 
 def world_of(model_dir: str | Path) -> dict | None:
@@ -112,15 +113,22 @@ def _key(name: str) -> str:
     return name.replace("-", "_")
 
 
-def measure_model(model, tokenizer, name: str, n: int, log: Log) -> dict:
-    """Greedy accuracy on `n` fresh problems of Countdown-3/-4, each prior task and both knowledge
-    pools (`tinysci`), and the Countdown style share."""
+V2_MEASURED = (("countdown3", 96), ("countdown4", 96))
+
+
+def measure_model(model, tokenizer, name: str, n: int, log: Log, measured=V2_MEASURED) -> dict:
+    """Greedy accuracy on `n` fresh problems of each `measured` (task, budget), each prior task and
+    both knowledge pools (`tinysci`), and the Countdown-3 style share."""
     out = {}
-    for difficulty in ("countdown3", "countdown4"):
-        scores = countdown_eval(model, tokenizer, countdown.generate(n, seed=0, difficulty_name=difficulty))
-        out[f"{_key(name)}_{difficulty}"] = scores["accuracy"]
-        if difficulty == "countdown3":
+    for task, budget in measured:
+        if task == "countdown3":
+            problems = countdown.generate(n, seed=0, difficulty_name=task)
+            scores = countdown_eval(model, tokenizer, problems, budget)
+            out[f"{_key(name)}_{task}"] = scores["accuracy"]
             out[f"{_key(name)}_style_share"] = scores["style_share"]
+        else:
+            rows = get_task(task).rows(n, 0)
+            out[f"{_key(name)}_{task}"] = task_accuracy(model, tokenizer, get_task(task), rows, budget)
     per_task = {t: prior_accuracy(model, tokenizer, prior.generate(t, n, seed=0)) for t in prior.TASKS}
     out.update({f"{_key(name)}_prior_{t}": v for t, v in per_task.items()})
     out[f"{_key(name)}_prior"] = min(per_task.values())
@@ -156,6 +164,11 @@ def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: 
             base = f"{_key(judge)}_nll_on_{_key(writer)}"
             for part, suffix in (("all", ""), ("format", "_format"), ("content", "_facts")):
                 out[base + suffix] = round(nll[part], 4)
+    for task, _ in recipe.measured or ():  # v3: how far the teacher leads the student
+        if f"student_{_key(task)}" in measured and task != "countdown3":
+            out[f"teacher_lead_{_key(task)}"] = round(
+                measured[f"teacher_{_key(task)}"] - measured[f"student_{_key(task)}"], 4
+            )
     for variant in ("teacher-es", "teacher-sci"):  # fine-tuned teachers keep the teacher's Countdown
         if variant in models:
             out[f"{_key(variant)}_countdown3_gap"] = round(
@@ -169,7 +182,10 @@ def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: 
 
 
 def _recipe_json(recipe: Recipe) -> dict:
-    return json.loads(json.dumps(asdict(recipe)))
+    record = json.loads(json.dumps(asdict(recipe)))
+    if record["measured"] is None:  # v1/v2 (committed before the field): their records as built
+        del record["measured"]
+    return record
 
 
 def _is_built(out: Path, recipe: Recipe) -> bool:
@@ -306,7 +322,9 @@ def build(
         quality[f"{_key(name)}_train_seconds"] = seconds
         models[name] = model
         log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
-        quality.update(measure_model(model, tokenizer, name, recipe.eval_problems, log))
+        quality.update(
+            measure_model(model, tokenizer, name, recipe.eval_problems, log, recipe.measured or V2_MEASURED)
+        )
     quality.update(measure_family(models, tokenizer, recipe, log, quality))
     # Wall time of the whole build: this run's, plus the recorded training time of reused models.
     quality["build_seconds"] = round(time.time() - start + reused_seconds, 1)

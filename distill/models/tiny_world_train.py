@@ -20,7 +20,7 @@ from transformers import LlamaForCausalLM
 
 from distill.models.tiny import llama_config
 from distill.models.tiny_world_recipes import ModelRecipe
-from distill.tasks import countdown, prior, tinysci
+from distill.tasks import countdown, countdown_chain, prior, tinysci
 
 # --- data ----------------------------------------------------------------------------------------
 
@@ -36,12 +36,16 @@ def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
     if task in KNOWLEDGE_STREAMS:
         known = tinysci.student_facts() if task == "tinysci_student" else None
         return tinysci.corpus(n, seed, known)
+    if task == countdown_chain.NAME:
+        return countdown_chain.generate(n, seed)
     return countdown.generate(n, seed=seed, difficulty_name=task)
 
 
 def _example(task: str, item, style: str) -> tuple[str, str]:
     if task in prior.TASKS or task in KNOWLEDGE_STREAMS:  # already (prompt, completion)
         return item
+    if task == countdown_chain.NAME:
+        return countdown_chain.prompt(item), countdown_chain.solution(item, style=style)
     return countdown.prompt(*item), countdown.solution(*item, style=style)
 
 

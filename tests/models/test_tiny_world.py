@@ -155,7 +155,8 @@ def test_verify_flag_reports_through_the_exit_code(monkeypatch):
 def test_both_versions_have_a_committed_build_matching_their_recipe():
     import distill.models.tiny_world as tw
 
-    for version, recipe in tw.VERSIONS.items():
+    for version in tw.COMMITTED:
+        recipe = tw.VERSIONS[version]
         assert tw.committed_build(recipe) == tw.assets_dir(version)
         assert tw._is_built(tw.assets_dir(version), recipe), version
     assert tw.committed_build(tw.QUICK) is None
@@ -360,3 +361,32 @@ def test_a_changed_task_generator_changes_the_stamp_so_a_resumed_build_retrains(
     for name in before:
         assert after[name]["models"] == before[name]["models"]  # the recipes are the same...
         assert after[name]["corpus"] != before[name]["corpus"], name  # ...what they read is not
+
+
+def test_a_v3_shaped_world_measures_its_variants_and_the_teachers_lead(tmp_path):
+    """v3's new tasks train and are measured at their own budgets; the teacher's lead over the
+    student on each held-out variant is a figure with a bar (here a tiny, random-quality world)."""
+    import distill.models.tiny_world as tw
+    from distill.models.tiny_world_recipes import V3
+
+    mixture = (("countdown3", 0.4), ("countdown_chain", 0.3), ("countdown3_large", 0.3))
+    recipe = tw.Recipe(
+        models=(
+            ("teacher", tw.ModelRecipe(layers=1, hidden=32, heads=2, vocab_rows=128, steps=3, lr=3e-3, batch_size=8, mixture=mixture)),
+            ("student", tw.ModelRecipe(layers=1, hidden=32, heads=2, vocab_rows=112, steps=3, lr=3e-3, batch_size=8, mixture=mixture)),
+        ),
+        eval_problems=3,
+        nll_prompts=2,
+        measured=(("countdown3", 8), ("countdown_chain", 8), ("countdown3_large", 8)),
+        bars=(tw.Bar("teacher_lead_countdown_chain", 2.0),),  # cannot hold: the build must say so
+    )  # fmt: skip
+    with pytest.raises(tw.BarsMissed, match="teacher_lead_countdown_chain"):
+        tw.build(tmp_path / "w", recipe)
+    quality = json.loads((tmp_path / "w" / "quality.json").read_text())
+    for name in ("teacher", "student"):
+        assert {f"{name}_countdown_chain", f"{name}_countdown3_large", f"{name}_style_share"} <= set(quality)
+    lead = quality["teacher_countdown_chain"] - quality["student_countdown_chain"]
+    assert quality["teacher_lead_countdown_chain"] == pytest.approx(lead)
+    assert quality["recipe"]["measured"] == [["countdown3", 8], ["countdown_chain", 8], ["countdown3_large", 8]]
+    assert "measured" not in tw._recipe_json(tw.V2)  # v2's record as committed
+    assert tw.committed_build(V3) is None and tw.default_dir("v3").name == "tiny-world-v3"
