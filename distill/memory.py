@@ -1,6 +1,7 @@
 """Per-GPU memory of a run, by component and phase: the arithmetic behind the README's memory tables
 (`python -m distill.memory` prints them), checked against the live tensor bytes of small models
-(tests/test_memory.py, with `LiveTensorBytes`) and, on a GPU, by benchmarks/gpu_smoke.py.
+(tests/test_memory.py, with `distill.live_bytes.LiveTensorBytes`) and, on a GPU, by
+benchmarks/gpu_smoke.py. The models' shapes and the bytes of their parts: `distill.model_shapes`.
 
 Counted for `bf16-mixed` with a float32 student, as the paper configs run, under Lightning's
 autocast (`torch.autocast(..., cache_enabled=False)`, the context steps, rollouts and callbacks run
@@ -20,136 +21,50 @@ without activation checkpointing. Not counted: the CUDA allocator's caching and 
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, replace
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from distill.live_bytes import LiveTensorBytes
+from distill.model_shapes import (
+    BF16,
+    FP32,
+    HUB,
+    LLAMA_1B,
+    LLAMA_8B,
+    QWEN_1_5B,
+    QWEN_7B,
+    TOKENIZER_SIZE,
+    Architecture,
+)
+
+# The model shapes (`distill.model_shapes`) and the live-bytes meter (`distill.live_bytes`) are
+# re-exported: tests, benchmarks and docs/run-your-own-pair.md import them from here.
+__all__ = [
+    "BF16",
+    "FP32",
+    "GB",
+    "HUB",
+    "LLAMA_1B",
+    "LLAMA_8B",
+    "QWEN_1_5B",
+    "QWEN_7B",
+    "TOKENIZER_SIZE",
+    "Architecture",
+    "LiveTensorBytes",
+    "Run",
+    "decode",
+    "decode_bytes_per_step",
+    "estimate",
+    "grpo_runs",
+    "kv_bytes",
+    "paper_runs",
+    "readme_tables",
+    "step_components",
+    "step_peaks",
+    "table",
+]
 
 GB = 1e9
-BF16, FP32 = 2, 4
 ITEMSIZE_NAMES = {BF16: "bf16", FP32: "fp32"}
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """A Llama/Qwen2-style decoder's shapes. `vocab` is the LM head's rows (the config's
-    `vocab_size`, which may exceed the tokenizer's)."""
-
-    name: str
-    family: str  # "llama" or "qwen2" (q/k/v biases)
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    max_positions: int = 4096
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def block_params(self) -> int:
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_dim
-        bias = q + 2 * kv if self.family == "qwen2" else 0
-        return h * q + 2 * h * kv + q * h + bias + 3 * h * self.intermediate + 2 * h
-
-    def params(self) -> int:
-        return (
-            self.layers * self.block_params()
-            + self.vocab * self.hidden * (1 if self.tied else 2)
-            + self.hidden
-        )
-
-    def cast_params(self) -> int:
-        """What bf16 autocast casts: every matmul's weight and bias, the LM head's too; not the
-        embedding lookup (untied) or the norms. A training forward keeps all of these copies (autograd
-        saves each linear's bf16 weight for backward); a no-grad forward under Lightning's autocast
-        (`cache_enabled=False`) keeps none beyond the op that made it (`largest_cast`)."""
-        embedding = 0 if self.tied else self.vocab * self.hidden
-        return self.params() - embedding - (2 * self.layers + 1) * self.hidden
-
-    def largest_cast(self) -> int:
-        """Bytes of the largest single bf16 weight copy: the LM head's (vocab x hidden), alive while
-        its matmul runs in a no-grad forward under an autocast without a weight cache."""
-        return BF16 * self.hidden * max(self.vocab, self.intermediate, self.heads * self.head_dim)
-
-    def kv_bytes_per_token(self, key_itemsize: int, value_itemsize: int) -> int:
-        return self.layers * self.kv_dim * (key_itemsize + value_itemsize)
-
-    def activation_bytes(self, rows: int, seq: int, keep: int) -> int:
-        """Bytes saved for backward by a training forward over `rows` x `seq` tokens with logits for
-        the last `keep` positions, under bf16 autocast with float32 weights. Per token and layer:
-        the float32 residual and normalised input of both norms (4 x 4h) and their rsqrt; the bf16
-        casts of the inputs of q, k, v, gate and up (5 x 2h, one cast per linear); q, the repeated
-        keys and values and the attention output in bf16 (4 x 2 x heads x head_dim) and the
-        float32 log-sum-exp; gate, silu(gate), up and their product (4 x 2I); the attention mask in
-        bf16 (2 x seq). Per token: the final norm's input and output (2 x 4h), RoPE's cos and sin
-        (2 x 4 x head_dim); per kept position the LM head's input cast (2h)."""
-        h, q = self.hidden, self.heads * self.head_dim
-        per_layer = 16 * h + 8 + 10 * h + 8 * q + 4 * self.heads + 8 * self.intermediate + 2 * seq
-        per_token = self.layers * per_layer + 8 * h + 4 + 8 * self.head_dim
-        return rows * seq * per_token + rows * keep * 2 * h
-
-    def prefill_bytes(self, rows: int, seq: int) -> int:
-        """The working set of a no-grad forward over a prompt, one layer at a time: the embedding
-        output, the float32 residual before and after the layer and the norm's output (4 x 4h),
-        silu(gate), up and their product in bf16 (3 x 2I), RoPE's cos and sin (2 x 4 x head_dim)
-        and the boolean attention mask (seq)."""
-        return rows * seq * (16 * self.hidden + 6 * self.intermediate + 8 * self.head_dim + seq)
-
-    def config(self, **overrides):
-        """A transformers config of these shapes (random-initialised models, no download)."""
-        from transformers import LlamaConfig, Qwen2Config
-
-        cls = Qwen2Config if self.family == "qwen2" else LlamaConfig
-        return cls(
-            vocab_size=self.vocab,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            max_position_embeddings=self.max_positions,
-            tie_word_embeddings=self.tied,
-            **overrides,
-        )
-
-    @classmethod
-    def from_config(cls, config, name: str = "") -> Architecture:
-        return cls(
-            name=name or getattr(config, "name_or_path", "") or config.model_type,
-            family="qwen2" if config.model_type == "qwen2" else "llama",
-            layers=config.num_hidden_layers,
-            hidden=config.hidden_size,
-            heads=config.num_attention_heads,
-            kv_heads=config.num_key_value_heads,
-            intermediate=config.intermediate_size,
-            vocab=config.vocab_size,
-            tied=bool(config.tie_word_embeddings),
-            max_positions=config.max_position_embeddings,
-        )
-
-
-# The paper's models (their hub configs' shapes).
-LLAMA_8B = Architecture("Llama-3.1-8B", "llama", 32, 4096, 32, 8, 14336, 128256, False, 131072)
-LLAMA_1B = Architecture("Llama-3.2-1B", "llama", 16, 2048, 32, 8, 8192, 128256, True, 131072)
-QWEN_7B = Architecture("Qwen2.5-7B", "qwen2", 28, 3584, 28, 4, 18944, 152064, False, 32768)
-QWEN_1_5B = Architecture("Qwen2.5-1.5B", "qwen2", 28, 1536, 12, 2, 8960, 151936, True, 32768)
-TOKENIZER_SIZE = {"llama": 128256, "qwen2": 151665}  # len(tokenizer) of each family
-HUB = {  # the paper configs' model ids
-    "meta-llama/Llama-3.1-8B-Instruct": LLAMA_8B,
-    "meta-llama/Llama-3.2-1B-Instruct": LLAMA_1B,
-    "Qwen/Qwen2.5-7B-Instruct": QWEN_7B,
-    "Qwen/Qwen2.5-1.5B-Instruct": QWEN_1_5B,
-}
 
 
 @dataclass(frozen=True)
@@ -410,49 +325,6 @@ def readme_tables() -> str:
         ),
     )
     return "\n\n".join(f"{title}:\n\n{table(runs)}" for title, runs in sections) + "\n"
-
-
-# --- measuring: live tensor bytes -------------------------------------------------------------------
-
-
-class LiveTensorBytes(TorchDispatchMode):
-    """Counts the bytes of tensor storages created while it is active and still alive (`now`), and
-    their high-water mark (`peak`, `reset_peak()` starts a new one): what
-    `torch.cuda.max_memory_allocated` reports on a GPU, measured on any device by watching every
-    operator's outputs. Storages made before entering (the weights) are not counted; views share
-    their storage's count. Tensor subclasses (DTensor) are skipped."""
-
-    def __init__(self):
-        super().__init__()
-        self.now = 0
-        self.peak = 0
-        self._refs: dict[int, weakref.ref] = {}
-
-    def reset_peak(self) -> None:
-        self.peak = self.now
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        self._refs.pop(key, None)
-        self.now -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        inputs = {id(t.untyped_storage()) for t in _plain(tree_leaves((args, kwargs)))}
-        for t in _plain(tree_leaves(out)):
-            storage = t.untyped_storage()
-            key, nbytes = id(storage), storage.nbytes()
-            if key in inputs or key in self._refs:  # a view or in-place result: no new memory
-                continue
-            self._refs[key] = weakref.ref(storage, lambda _, k=key, b=nbytes: self._freed(k, b))
-            self.now += nbytes
-            self.peak = max(self.peak, self.now)
-        return out
-
-
-def _plain(leaves):
-    """The plain tensors (not meta, not a subclass such as DTensor) among pytree leaves."""
-    return [t for t in leaves if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta"]
 
 
 if __name__ == "__main__":
