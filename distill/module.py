@@ -5,14 +5,13 @@ optimiser step is one rollout batch, split into micro-batches whose losses are n
 completion tokens of the whole step (across ranks), so 8 x 1 and 1 x 8 give the same update. This
 is why optimisation is manual: Lightning's own accumulation divides each micro-batch's mean by the
 number of micro-batches, which mis-weights completions of different lengths (TRL issue #4719).
+The step's gradients themselves are computed in `distill.step`; this module wires them into Lightning.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -20,10 +19,11 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
+from distill import step as distill_step
 from distill.checks import check_int, check_number
-from distill.losses import ForwardKL, TokenDivergence, global_sum, gradient_denominator, step_token_count
+from distill.losses import ForwardKL, TokenDivergence, global_sum
 from distill.models.compiled import compile_forwards
-from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
+from distill.models.forward import drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
     check_model_path,
@@ -33,8 +33,9 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.parallel import full_tensor, gradient_sync, keep_out_of_ddp, shard_model
+from distill.parallel import full_tensor, keep_out_of_ddp, shard_model
 from distill.rollout.compiled import compile_decoding, eager_if_sharded
+from distill.step import StepMeans
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
@@ -51,18 +52,6 @@ from distill.training import (
 
 # LightningCLI-friendly default (serialisable in --print_config); one instance per module built from it.
 DEFAULT_DIVERGENCE = lazy_instance(ForwardKL)
-
-
-@dataclass
-class StepMeans:
-    """A distillation step's per-token means over its completion tokens (logged as `train/<name>`):
-    the optimised loss and, whatever is optimised, both exact KL directions and both entropies."""
-
-    loss: torch.Tensor
-    forward_kl: torch.Tensor
-    reverse_kl: torch.Tensor
-    student_entropy: torch.Tensor
-    teacher_entropy: torch.Tensor
 
 
 def _default_optimizer(params):
@@ -200,34 +189,9 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def configure_optimizers(self):
         return student_optimizers(self.student, self.optimizer_factory, self.scheduler_factory)
 
-    def _logits(self, model, input_ids, attention_mask, keep: int | None = None) -> torch.Tensor:
-        return causal_logits(model, input_ids, attention_mask, self.vocab_size, keep)
-
-    def logit_columns(self, rollout, rows: slice = slice(None)) -> int | None:
-        """K, the last columns of the logits both models compute (`completion_width`: those that
-        predict completion tokens), or None for every position. Lean passes use K; so does a
-        teacher-only context whatever `lean_logits` says, since the teacher's positions line up
-        with the student's only from the right (its prompt has another width)."""
-        if self.hparams.lean_logits or rollout.teacher_input_ids is not None:
-            return completion_width(rollout.completion_mask[rows, 1:])
-        return None
-
-    def student_logits(self, rollout, rows: slice = slice(None), keep: int | None = None) -> torch.Tensor:
-        """The student's logits over `rollout`'s rows: the last `keep` positions (None: all)."""
-        return self._logits(self.student, rollout.input_ids[rows], rollout.attention_mask[rows], keep)
-
-    def teacher_logits(self, rollout, rows: slice = slice(None), keep: int | None = None) -> torch.Tensor:
-        """The teacher's, read from its own view (`RolloutBatch.teacher_inputs`: with a teacher-only
-        context another prompt before the same completion), under no_grad (not inference_mode:
-        they meet autograd)."""
-        ids, attn = rollout.teacher_inputs()
-        with torch.no_grad():
-            return self._logits(self.teacher, ids[rows], attn[rows], keep)
-
     def pair_logits(self, rollout, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-        """(student, teacher) logits over the same columns (`logit_columns`)."""
-        keep = self.logit_columns(rollout, rows)
-        return self.student_logits(rollout, rows, keep), self.teacher_logits(rollout, rows, keep)
+        """(student, teacher) logits over the same columns (`distill.step.pair_logits`)."""
+        return distill_step.pair_logits(self, rollout, rows)
 
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> dict:
@@ -261,57 +225,10 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         ).output()
 
     def accumulate_gradients(self, rollout) -> tuple[StepMeans, torch.Tensor, dict]:
-        """Backpropagate the divergence over `rollout` in micro-batches, each normalised by the
-        completion tokens of the whole step (every rank's; under DDP/FSDP by `gradient_denominator`,
-        so the ranks' averaged gradient is the single-process one). Returns the step's per-token
-        means over every rank's tokens (`StepMeans`), the global token count and wall seconds per
-        phase."""
-        ids = rollout.input_ids
-        mask = rollout.completion_mask[:, 1:]  # aligned with the logits (position t predicts t+1)
-        teacher_written = rollout.teacher_token_mask[:, 1:]
-        num_items = step_token_count([mask])
-        denom = gradient_denominator(num_items)  # num_items / world size
-        size = self.hparams.micro_batch_size or ids.shape[0]
-        backward = self.manual_backward if self._trainer is not None else torch.Tensor.backward
-        timings = {"teacher_forward": 0.0, "student_forward_backward": 0.0}
-        sums = torch.zeros(5, device=ids.device)
-        starts = range(0, ids.shape[0], size)
-        for start in starts:
-            rows = slice(start, start + size)
-            # Lean: the last K columns only; masks and tokens are cut to the same columns.
-            keep = self.logit_columns(rollout, rows)
-            cols = slice(-keep if keep else None, None)
-            t0 = time.perf_counter()
-            teacher = self.teacher_logits(rollout, rows, keep)
-            t1 = time.perf_counter()
-            student = self.student_logits(rollout, rows, keep)
-            if self.logit_grad_sink is not None:
-                record = self.logit_grad_sink.record
-                student.register_hook(
-                    partial(
-                        record,
-                        completion_mask=mask[rows, cols],
-                        teacher_token_mask=teacher_written[rows, cols],
-                        num_items=denom,
-                    )
-                )
-            loss, stats = self.divergence(
-                student,
-                teacher,
-                mask[rows, cols],
-                tokens=ids[rows, 1:][:, cols],
-                num_items=denom,
-                return_statistics=True,
-            )
-            with gradient_sync(self, last=start == starts[-1]):  # DDP: one all-reduce per step
-                backward(loss)
-            timings["teacher_forward"] += t1 - t0
-            timings["student_forward_backward"] += time.perf_counter() - t1
-            m = mask[rows, cols].float()
-            keys = [f.name for f in fields(StepMeans)][1:]
-            sums += torch.stack([loss.detach() * denom] + [(stats[k] * m).sum() for k in keys])
-            del student, teacher, stats
-        return StepMeans(*(global_sum(sums) / num_items.clamp(min=1))), num_items, timings
+        """Backpropagate the divergence over `rollout` in micro-batches, normalised by the step's
+        completion tokens (`distill.step.accumulate_gradients`); returns the step's means, the
+        global token count and wall seconds per phase."""
+        return distill_step.accumulate_gradients(self, rollout)
 
     def _log_step(self, batch: dict, means: StepMeans, grad_norm, optimizer) -> None:
         rollout = batch["rollout"]

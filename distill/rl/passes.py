@@ -72,7 +72,7 @@ def accumulate_gradients(module: GRPOModule, step: GRPOBatch, first: bool) -> di
     sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s", "policy_s"), 0.0)
     starts = range(0, ids.shape[0], size)
     for start in starts:
-        # Lean: the last K columns only (`DistillationModule.accumulate_gradients`).
+        # Lean: the last K columns only (`distill.step.accumulate_gradients`).
         keep = completion_width(mask[start : start + size]) if module.hparams.lean_logits else None
         rows = (slice(start, start + size), slice(-keep if keep else None, None))
         m, ref_logits = mask[rows].float(), None
