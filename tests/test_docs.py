@@ -146,13 +146,12 @@ def commands(block: str) -> list[list[str]]:
         current: list[str] = []
         for token in lexer:
             if token in SEPARATORS:
-                out.append(current) if current else None
+                out.append(current)
                 current = []
             else:
                 current.append(token)
-        if current:
-            out.append(current)
-    return out
+        out.append(current)
+    return [words for words in out if words]
 
 
 class Parsed(Exception):
@@ -183,7 +182,7 @@ def parsed(run, args: list[str]) -> argparse.Namespace:
             run(args)
     except Parsed as done:
         return done.namespace
-    except SystemExit as exit_info:
+    except SystemExit:
         raise AssertionError(f"{args} does not parse: {err.getvalue().strip()}") from None
     raise AssertionError(f"{args}: the program never parsed its arguments")
 
@@ -244,7 +243,9 @@ def check_distill(shell: Shell, args: list[str]) -> None:
         except SystemExit as exit_info:
             assert exit_info.code in (0, None), f"distill {' '.join(args)}: {err.getvalue().strip()}"
         printed = yaml.safe_load(out.getvalue())
-        assert isinstance(printed, dict) and printed.get("model"), f"distill {' '.join(args)} printed no config"
+        assert isinstance(printed, dict) and printed.get("model"), (
+            f"distill {' '.join(args)} printed no config"
+        )
         if "--run_dir" in rest:
             shell.made.add(shell.path(rest[rest.index("--run_dir") + 1]))
         return
@@ -332,7 +333,9 @@ def check_command(shell: Shell, words: list[str]) -> None:
         assert not missing, f"cat: {missing} neither exist nor are written by the block's commands"
         return
     if program == "sbatch":
-        assert len(args) == 1 and shell.path(args[0]) in shell.made, f"sbatch {args}: not a job script written above"
+        assert len(args) == 1 and shell.path(args[0]) in shell.made, (
+            f"sbatch {args}: not a job script written above"
+        )
         return
     if program == "cd":
         assert len(args) == 1 and shell.known(args[0]), f"cd {args}: no such directory"
@@ -463,13 +466,36 @@ def test_the_extending_examples_train(tiny_world_cache, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run_lightning_cli(
         [
-            "fit", "--config", "configs/tiny/base.yaml", "--run_dir", str(run_dir),
-            "--model.init_args.divergence", "hellinger.SquaredHellinger",
-            "--trainer.callbacks+", "weight_norm.WeightNorm", "--trainer.callbacks.every_n_steps", "1",
-            "--trainer.max_steps", "2", "--trainer.val_check_interval", "1", "--data.batch_size", "4",
-            "--data.val_size", "8", "--data.test_size", "8", "--data.eval_batch_size", "8",
-            "--data.max_new_tokens", "12", "--data.eval_max_new_tokens", "12", "--data.train_size", "64",
-        ]  # fmt: skip
+            "fit",
+            "--config",
+            "configs/tiny/base.yaml",
+            "--run_dir",
+            str(run_dir),
+            "--model.init_args.divergence",
+            "hellinger.SquaredHellinger",
+            "--trainer.callbacks+",
+            "weight_norm.WeightNorm",
+            "--trainer.callbacks.every_n_steps",
+            "1",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "1",
+            "--data.batch_size",
+            "4",
+            "--data.val_size",
+            "8",
+            "--data.test_size",
+            "8",
+            "--data.eval_batch_size",
+            "8",
+            "--data.max_new_tokens",
+            "12",
+            "--data.eval_max_new_tokens",
+            "12",
+            "--data.train_size",
+            "64",
+        ]
     )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["status"] == "finished"
