@@ -26,8 +26,8 @@ tokenizer (128 and 112 rows for 104 tokens), as real checkpoints' are. The build
 progress (and writes it to `build.log`), measures every model (`quality.json`), and fails if a
 validity bar of the recipe is missed.
 
-The recipes live in `tiny_world_recipes.py`, the training of one model in `tiny_world_train.py`;
-this module measures, builds, installs and verifies.
+The recipes live in `tiny_world_recipes.py`, the training of one model in `tiny_world_train.py`,
+the quality figures in `tiny_world_quality.py`; this module builds, installs and verifies.
 """
 
 from __future__ import annotations
@@ -47,13 +47,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, task_accuracy
 from distill.models.tiny import char_tokenizer
+from distill.models.tiny_world_quality import V2_MEASURED, measure_family, measure_model, quality_key
 from distill.models.tiny_world_recipes import COMMITTED, QUICK, V1, V2, V3, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, corpus_digest, duration, train_model
 from distill.runinfo import write_json_atomic
-from distill.tasks import countdown, prior, tinysci
-from distill.tasks.registry import get_task
 
 __all__ = [
     "QUICK",
@@ -104,78 +102,6 @@ def world_of(model_dir: str | Path) -> dict | None:
     named = {**VERSIONS, "quick": QUICK}
     version = next((v for v, r in named.items() if quality.get("recipe") == _recipe_json(r)), "custom")
     return {"version": version, "model": folder.name, "fingerprint": hashlib.sha256(weights).hexdigest()[:16]}
-
-
-# --- measuring -----------------------------------------------------------------------------------
-
-
-def _key(name: str) -> str:
-    return name.replace("-", "_")
-
-
-V2_MEASURED = (("countdown3", 96), ("countdown4", 96))
-
-
-def measure_model(model, tokenizer, name: str, n: int, log: Log, measured=V2_MEASURED) -> dict:
-    """Greedy accuracy on `n` fresh problems of each `measured` (task, budget), each prior task and
-    both knowledge pools (`tinysci`), and the Countdown-3 style share."""
-    out = {}
-    for task, budget in measured:
-        if task == "countdown3":
-            problems = countdown.generate(n, seed=0, difficulty_name=task)
-            scores = countdown_eval(model, tokenizer, problems, budget)
-            out[f"{_key(name)}_{task}"] = scores["accuracy"]
-            out[f"{_key(name)}_style_share"] = scores["style_share"]
-        else:
-            rows = get_task(task).rows(n, 0)
-            out[f"{_key(name)}_{task}"] = task_accuracy(model, tokenizer, get_task(task), rows, budget)
-    per_task = {t: prior_accuracy(model, tokenizer, prior.generate(t, n, seed=0)) for t in prior.TASKS}
-    out.update({f"{_key(name)}_prior_{t}": v for t, v in per_task.items()})
-    out[f"{_key(name)}_prior"] = min(per_task.values())
-    # The knowledge domain: fresh questions of the training pool, and the held-out compositions.
-    for task in tinysci.TASKS:
-        out[f"{_key(name)}_{task}"] = task_accuracy(
-            model, tokenizer, get_task(task), get_task(task).rows(n, 0)
-        )
-    log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
-    return out
-
-
-def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: dict) -> dict:
-    """Cross-model figures: how well each model reads the other's T=1 Countdown-3 text (nats per
-    token, `judge_nll`; the knowledge pair on its questions), and how far the fine-tuned teachers' (`teacher-es`, `teacher-sci`) Countdown-3
-    accuracy is from the teacher's."""
-    out = {}
-    if "teacher" not in models or "student" not in models:
-        return out
-    prompts = [countdown.prompt(*p) for p in countdown.generate(recipe.nll_prompts, seed=1)]
-    pairs = [("teacher", "student"), ("student", "teacher")]
-    if "teacher-es" in models:
-        pairs += [("student", "teacher-es"), ("teacher", "teacher-es")]
-    for judge, writer in pairs:
-        nll = judge_nll(models[judge], models[writer], tokenizer, prompts, seed=recipe.seed)
-        base = f"{_key(judge)}_nll_on_{_key(writer)}"
-        for part, suffix in (("all", ""), ("format", "_format"), ("content", "_digits")):
-            out[base + suffix] = round(nll[part], 4)
-    if "teacher-sci" in models and "student-sci" in models:  # the knowledge pair reads each other
-        questions = [tinysci.prompt(q) for q in tinysci.generate(recipe.nll_prompts, seed=1)]
-        for judge, writer in (("teacher-sci", "student-sci"), ("student-sci", "teacher-sci")):
-            nll = judge_nll(models[judge], models[writer], tokenizer, questions, 64, recipe.seed, fact_tokens)
-            base = f"{_key(judge)}_nll_on_{_key(writer)}"
-            for part, suffix in (("all", ""), ("format", "_format"), ("content", "_facts")):
-                out[base + suffix] = round(nll[part], 4)
-    for task, _ in recipe.measured or ():  # v3: how far the teacher leads the student
-        if f"student_{_key(task)}" in measured and task != "countdown3":
-            out[f"teacher_lead_{_key(task)}"] = round(
-                measured[f"teacher_{_key(task)}"] - measured[f"student_{_key(task)}"], 4
-            )
-    for variant in ("teacher-es", "teacher-sci"):  # fine-tuned teachers keep the teacher's Countdown
-        if variant in models:
-            out[f"{_key(variant)}_countdown3_gap"] = round(
-                abs(measured["teacher_countdown3"] - measured[f"{_key(variant)}_countdown3"]), 4
-            )
-    log("family: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
-    return out
 
 
 # --- building ------------------------------------------------------------------------------------
@@ -319,7 +245,7 @@ def build(
                 ),
             )
             shutil.rmtree(checkpoints)  # the model is saved: its training state is not needed
-        quality[f"{_key(name)}_train_seconds"] = seconds
+        quality[f"{quality_key(name)}_train_seconds"] = seconds
         models[name] = model
         log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
         quality.update(
