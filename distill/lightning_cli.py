@@ -18,12 +18,13 @@ finished run is never overwritten without `--overwrite`; a directory with a chec
 (`--ckpt_path last`), never silently restarted; a resume reproduces the uninterrupted run (data
 order, rollouts, callbacks' state) and refuses a config that differs from the checkpoint's unless
 `--allow_config_change` (then recorded in `config_changes.json`). Bad settings fail before any
-model is loaded with one line naming the field, the value and what to do.
+model is loaded with one line naming the field, the value and what to do (`distill.config_errors`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
@@ -32,14 +33,22 @@ from pathlib import Path
 
 import lightning as L
 import yaml
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from distill.config_bases import expand_bases
+from distill.config_errors import (
+    class_path_field,
+    instantiate_error_line,
+    parse_error_line,
+    trainer_error_line,
+)
 from distill.data import RolloutDataModule
-from distill.errors import Diverged
+from distill.errors import ConfigError, Diverged
 from distill.experiments.axes import knobs_of
 from distill.parallel import end_launched_ranks_on_failure
 from distill.rundir import (
@@ -97,6 +106,23 @@ class DistillCLI(LightningCLI):
         self.fresh_start = False
         self.continuing = False
         super().__init__(*args, **kwargs)
+
+    # --- bad input ends in one line (distill.config_errors) -------------------------------------
+    def parse_arguments(self, parser, args) -> None:
+        parser.exit_on_error = False  # raise, not print the whole usage text before the message
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            raise ConfigError(parse_error_line(str(err), parser)) from None
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ConfigError:
+            raise
+        except ValueError as err:  # a constructor's own check, as jsonargparse wraps it
+            locate = lambda path: class_path_field(self.config, path)  # noqa: E731
+            raise ConfigError(instantiate_error_line(str(err), locate)) from None
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -216,9 +242,12 @@ class DistillCLI(LightningCLI):
         logger = TensorBoardLogger(
             save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge
         )
-        return super().instantiate_trainer(
-            default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, plugins=plugins, **kwargs
-        )
+        try:
+            return super().instantiate_trainer(
+                default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, plugins=plugins, **kwargs
+            )
+        except (ValueError, MisconfigurationException, ImportError) as err:
+            raise ConfigError(trainer_error_line(err)) from None
 
     # --- running ----------------------------------------------------------------------------------
     def execute(self, command: str) -> dict:
@@ -336,27 +365,14 @@ def _flatten(results: list[dict] | None) -> dict:
     return out
 
 
-def _one_line(message: str) -> str:
-    """The model is a `LightningModule | None` union, so jsonargparse wraps a module's own error in
-    a report of every union member; keep the module's line (it names field, value and what is allowed)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) > 1 and "Union subtypes" in lines[0]:
-        causes = [
-            ln[2:]
-            for ln in lines
-            if ln.startswith("- ") and not ln.startswith("- Expected a <class 'NoneType'>")
-        ]
-        if causes:
-            return causes[0]
-    return " ".join(lines) if len(lines) <= 3 else lines[0]
-
-
 def run_lightning_cli(argv: list[str]) -> dict:
     command, args = argv[0], argv[1:]
     # `distill fit ARGS` hands ARGS to LightningCLI explicitly; its warning about sys.argv is moot.
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
     # The frozen teacher (or GRPO's reference) is in eval mode on purpose.
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
+    # "Seed set to N" on stderr says what config.yaml records, and would precede a one-line error.
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     try:
         args = expand_bases(args)
         cli = DistillCLI(
@@ -372,7 +388,7 @@ def run_lightning_cli(argv: list[str]) -> dict:
         )
         return cli.execute(command)
     except (ValueError, FileNotFoundError, TypeError) as err:
-        if isinstance(err, RunDirError) or "cli" not in locals():
-            print(f"distill {command}: error: {_one_line(str(err))}", file=sys.stderr)
+        if isinstance(err, ConfigError) or "cli" not in locals():
+            print(f"distill {command}: error: {instantiate_error_line(str(err))}", file=sys.stderr)
             raise SystemExit(2) from None
         raise

@@ -35,6 +35,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 
+from distill.errors import ConfigError
 from distill.runinfo import write_atomic
 
 LOCK = ".lock"
@@ -53,7 +54,7 @@ RESUME_FREE_KEYS = (
 )
 
 
-class RunDirError(ValueError):
+class RunDirError(ConfigError):
     """A run directory refuses what was asked of it (in use, finished, has a checkpoint, ...)."""
 
 

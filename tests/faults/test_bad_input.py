@@ -73,6 +73,26 @@ FLAG_CASES = [
         ["--model.init_args.micro_batch_size", "0"],
         "model.micro_batch_size must be None or an integer >= 1, got 0",
     ),
+    # issue 32, item 7: a class path that does not import, a value Lightning's Trainer refuses
+    (
+        "divergence_class_path",
+        ["--model.init_args.divergence.class_path", "distill.losses.NoSuchKL"],
+        "model.init_args.divergence must be a subclass of TokenDivergence, one of: "
+        "distill.losses.ForwardKL, distill.losses.ReverseKL, distill.losses.GeneralizedJSD, "
+        "distill.losses.SkewKL, distill.losses.SkewReverseKL, distill.losses.TotalVariation, "
+        "distill.losses.InterpolatedKL; got 'distill.losses.NoSuchKL'",
+    ),
+    (
+        "max_steps",
+        ["--trainer.max_steps", "-5"],
+        "trainer.max_steps: `max_steps` must be a non-negative integer or -1 (infinite steps). "
+        "You passed in -5.",
+    ),
+    (
+        "val_check_interval",
+        ["--trainer.val_check_interval", "-1"],
+        "trainer.val_check_interval: You have passed invalid value -1 for val_check_interval",
+    ),
 ]
 
 
