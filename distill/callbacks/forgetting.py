@@ -173,7 +173,8 @@ class Forgetting(L.Callback):
                 raise ValueError(f"Forgetting.nll_texts[{name!r}]: every row is a training row of this run")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._measure(trainer, pl_module)
+        if self.last_step < 0:  # the starting point; a resumed run measured it before its checkpoint
+            self._measure(trainer, pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.interval.batch_start(trainer)

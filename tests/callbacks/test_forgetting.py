@@ -109,7 +109,9 @@ def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
     resumed = Forgetting(sets=[], nll_texts={"t": ["hello world"]})
     resumed.load_state_dict(state)
     trainer.global_step = 10
-    resumed.on_train_start(trainer, module)  # a resumed fit starts again: baseline is kept
+    resumed.on_train_start(trainer, module)  # a resumed fit starts again: no measurement of its own
+    assert resumed.latest == cb.latest and resumed.last_step == 0
+    resumed._measure(trainer, module)  # its next one, against the kept baseline
     assert resumed.baseline == cb.baseline
     assert resumed.latest["forgetting/t/delta"] == pytest.approx(
         resumed.latest["forgetting/t/score"] - cb.baseline["t"]
