@@ -6,7 +6,8 @@ and `RolloutDataModule`, with a run directory.
     distill fit --config configs/tiny/fkl_mix0.yaml --print_config
 
 A run directory holds `config.yaml` (the resolved config), `env.json` (package versions, git
-revision), `tensorboard/`, `checkpoints/last.ckpt` (every `--checkpoint_every_n_steps` optimiser
+revision), `tensorboard/` (`trainer.logger` adds loggers beside it, `loggers.json` their runs:
+`distill.loggers`), `checkpoints/last.ckpt` (every `--checkpoint_every_n_steps` optimiser
 steps and at the end of training; written atomically; no teacher tensors; deleted, with θ0, after
 a finished fit given `--drop_checkpoints true`), `student/` (the exported student) and, written
 last and atomically, `metrics.json`: `status` is `finished` only when training, export and
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 import warnings
@@ -49,7 +49,16 @@ from distill.config_errors import (
 )
 from distill.data import RolloutDataModule
 from distill.errors import ConfigError, Diverged
-from distill.experiments.axes import knobs_of
+from distill.loggers import (
+    CheckpointBoundary,
+    HeldLogger,
+    continue_runs,
+    finish_further,
+    open_and_record,
+    run_summary,
+    tensorboard_resume,
+    tensorboard_summary,
+)
 from distill.parallel import end_launched_ranks_on_failure
 from distill.rundir import (
     LAST_CKPT,
@@ -68,7 +77,7 @@ from distill.rundir import (
     finite_metrics,
     read_checkpoint_record,
 )
-from distill.runinfo import environment, write_json_atomic, write_text_atomic
+from distill.runinfo import environment, model_record, write_json_atomic, write_text_atomic
 
 # Checkpoints are written after the optimiser step on purpose (a resume continues from the state
 # the next step starts from, exactly); Lightning warns about that under manual optimisation.
@@ -83,21 +92,6 @@ warnings.filterwarnings("ignore", message=r".*when logging on epoch level in dis
 EXIT_DIVERGED = 3
 
 
-def model_record(module) -> dict:
-    """Each model a run loads (`student`, `teacher`, `reference`): its resolved path and, for a
-    tiny-world model, the world's version and the weights' fingerprint (`tiny_world.world_of`), so
-    that an archive says which world its runs used."""
-    from distill.models.tiny_world import world_of
-
-    out = {}
-    for role in ("student", "teacher", "reference"):
-        path = getattr(module, f"{role}_path", None)
-        if path and (role != "reference" or getattr(module, "use_reference", False)):
-            world = world_of(path)
-            out[role] = {"path": str(path), **({"tiny_world": world} if world else {})}
-    return out
-
-
 class DistillCLI(LightningCLI):
     def __init__(self, *args, command: str = "fit", **kwargs):
         self.command = command
@@ -105,6 +99,7 @@ class DistillCLI(LightningCLI):
         self.resume_step: int | None = None  # the global step of the checkpoint a fit resumes
         self.fresh_start = False
         self.continuing = False
+        self.held: list[HeldLogger] = []  # trainer.logger's further loggers (distill.loggers)
         super().__init__(*args, **kwargs)
 
     # --- bad input ends in one line (distill.config_errors) -------------------------------------
@@ -190,6 +185,8 @@ class DistillCLI(LightningCLI):
             RunLock(run_dir).acquire().release()
         if self.command == "fit":
             self._check_fit(config, run_dir)
+            if config.ckpt_path is not None:  # continue each further logger's run
+                continue_runs(trainer, run_dir)
 
     def _check_fit(self, config, run_dir: Path) -> None:
         ckpt = Path(config.ckpt_path) if config.ckpt_path else None
@@ -214,7 +211,8 @@ class DistillCLI(LightningCLI):
         callbacks = list(trainer_config.get("callbacks") or [])
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list) else [plugins]
-        if trainer_config.get("enable_checkpointing", True) is not False:
+        checkpointing = trainer_config.get("enable_checkpointing", True) is not False
+        if checkpointing:
             every = self.config_init.checkpoint_every_n_steps
             callbacks.append(
                 ModelCheckpoint(
@@ -236,15 +234,28 @@ class DistillCLI(LightningCLI):
             },
         )
         callbacks.append(self.record)
-        # A resumed run hides what the killed attempt logged after its checkpoint (TensorBoard's
-        # purge_step), so curves are not spliced twice over the same steps.
-        purge = {} if self.resume_step is None else {"purge_step": self.resume_step + 1}
+        fit = self.command == "fit"
+        # A resumed run drops what the killed attempt logged after its checkpoint, so curves are not
+        # spliced twice over the same steps.
+        purge = tensorboard_resume(run_dir / "tensorboard", self.resume_step if fit else None)
         logger = TensorBoardLogger(
             save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge
         )
+        further = trainer_config.get("logger")
+        further = [] if further is None else further if isinstance(further, list) else [further]
+        self.held = [
+            HeldLogger(other, hold=fit and checkpointing, resume_step=self.resume_step if fit else None)
+            for other in further
+        ]
+        self.boundary = CheckpointBoundary(run_dir, self.held)
+        callbacks.append(self.boundary)
         try:
             return super().instantiate_trainer(
-                default_root_dir=str(run_dir), logger=logger, callbacks=callbacks, plugins=plugins, **kwargs
+                default_root_dir=str(run_dir),
+                logger=[logger, *self.held],
+                callbacks=callbacks,
+                plugins=plugins,
+                **kwargs,
             )
         except (ValueError, MisconfigurationException, ImportError) as err:
             raise ConfigError(trainer_error_line(err)) from None
@@ -273,6 +284,8 @@ class DistillCLI(LightningCLI):
             write_json_atomic(run_dir / "env.json", {**environment(), "models": model_record(self.model)})
             if self.resume_changes:
                 self._record_changes(run_dir)
+            if command == "fit":
+                open_and_record(self.held, run_dir, self.resume_step)
         ckpt = self.config.ckpt_path
         if command != "fit":
             results = getattr(self.trainer, command)(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
@@ -293,6 +306,7 @@ class DistillCLI(LightningCLI):
                 metrics["train/nonfinite_steps"] = float(guard.skipped)
             self._log_hparams(metrics)
             self._write_metrics(run_dir, metrics, status="diverged", reason=str(err))
+            self._finish_loggers(metrics)
             print(f"distill fit: run diverged: {err}", file=sys.stderr)
             raise SystemExit(EXIT_DIVERGED) from None
         if self.trainer.interrupted:
@@ -302,6 +316,7 @@ class DistillCLI(LightningCLI):
         # export or testing resumes from here and still reports its training and validation.
         if self.trainer.checkpoint_callback is not None:
             self.trainer.save_checkpoint(run_dir / LAST_CKPT)  # every rank: it holds a barrier
+            self.boundary.covered(self.trainer)  # what follows (export, test, final figures) is not
         self.model.export_student(run_dir / "student")  # every rank (FSDP gathers); rank 0 writes
         if self.config.test_after_fit:
             metrics |= _flatten(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
@@ -310,26 +325,16 @@ class DistillCLI(LightningCLI):
                 metrics |= callback.summary()
         self._log_hparams(metrics)
         self._write_metrics(run_dir, metrics, status="finished")
+        self._finish_loggers(metrics)
         if self.config.drop_checkpoints and rank_zero_only.rank == 0:
             drop_checkpoints(run_dir)
         return metrics
 
     def _log_hparams(self, metrics: dict) -> None:
-        """The run's knobs and final figures to TensorBoard's HParams dashboard, so TensorBoard over
-        a sweep compares runs by knob. The figures go under `final/<name>` (at step 0): the curves
-        under their own names are not touched."""
-        logger = self.trainer.logger
-        if not isinstance(logger, TensorBoardLogger):
-            return
-        knobs = knobs_of(self.record.config)
-        knobs["model"] = str(self.record.config.get("model", {}).get("class_path", "")).rsplit(".", 1)[-1]
-        knobs["max_steps"] = self.trainer.max_steps
-        params = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in knobs.items()}
-        finals = {
-            f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
-        }
-        logger.log_hyperparams(params, metrics=finals)
-        logger.experiment.flush()
+        tensorboard_summary(self.trainer.loggers[0], *run_summary(self.record.config, self.trainer, metrics))
+
+    def _finish_loggers(self, metrics: dict) -> None:
+        finish_further(self.held, *run_summary(self.record.config, self.trainer, metrics))
 
     def _write_metrics(self, run_dir: Path, metrics: dict, status: str, reason: str | None = None) -> None:
         if rank_zero_only.rank != 0:

@@ -44,6 +44,7 @@ RECORD_KEY = "distill_run"
 # how often it checkpoints and whether it tests afterwards change no trained number.
 RESUME_FREE_KEYS = (
     "config",
+    "trainer.logger",  # further loggers: where figures are also sent (distill.loggers)
     "run_dir",
     "ckpt_path",
     "overwrite",
@@ -70,6 +71,7 @@ FIT_OUTPUTS = (
     "theta0.safetensors",
     METRICS,
     "config_changes.json",
+    "loggers.json",  # what continues each further logger's run (distill.loggers)
 )
 # Settings whose state the checkpoint restores, so a resume cannot change them (the optimiser's
 # own hyperparameters, `...optimizer.init_args.*`, can: RunRecord applies them to its state).
@@ -80,7 +82,11 @@ DEFAULT_RUN_DIR_ENV = "DISTILL_DEFAULT_RUN_DIR"  # shared with ranks Lightning l
 # Trainer flags the run owns: each refused up front with what to use instead.
 OWNED_TRAINER_FLAGS = {
     "default_root_dir": (None, "the run directory is --run_dir; use --run_dir"),
-    "logger": (None, "a run logs to TensorBoard in <run_dir>/tensorboard; remove trainer.logger"),
+    "logger": (
+        None,
+        "a run logs to TensorBoard in <run_dir>/tensorboard, always; trainer.logger takes further "
+        "loggers (class_path/init_args, or a list of them)",
+    ),
     "gradient_clip_val": (
         None,
         "the training step clips the gradient itself; set model.gradient_clip_val instead",
@@ -159,6 +165,8 @@ def check_trainer_flags(trainer: dict) -> None:
     """Refuse, in one line, a Trainer flag the run owns (`OWNED_TRAINER_FLAGS`)."""
     for flag, (default, what) in OWNED_TRAINER_FLAGS.items():
         value = trainer.get(flag, default)
+        if flag == "logger" and not isinstance(value, bool):
+            continue  # further loggers are welcome; only switching TensorBoard off or on is not
         if value != default:
             raise RunDirError(f"trainer.{flag}={value!r} is not used: {what}")
 
@@ -349,10 +357,11 @@ def config_changes(
     to the code since it was written: `option_default`, `classes` naming sections without a
     `class_path`)."""
     a, b = flatten(old), flatten(new)
-    free = tuple(RESUME_FREE_KEYS)
 
     def changed(key: str) -> bool:
-        if key.split(".")[0] in free or a.get(key) == b.get(key):
+        if key.startswith(tuple(f"{k}." for k in RESUME_FREE_KEYS)) or key in RESUME_FREE_KEYS:
+            return False
+        if a.get(key) == b.get(key):
             return False
         return key in a or option_default(new, key, classes) != b[key]
 
