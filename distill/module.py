@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from distill import step as distill_step
 from distill.checks import check_int, check_number
 from distill.losses import ForwardKL, TokenDivergence, global_sum
-from distill.models.compiled import compile_forwards
+from distill.models.compiled import compile_flags, compile_forwards
 from distill.models.forward import drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
@@ -170,10 +170,11 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             self.teacher_path, hp.teacher_dtype, trainable=False, attn_implementation=hp.attn_implementation
         )
         vocab_size(self.tokenizer, self.student, self.teacher)  # both cover the tokenizer
-        if hp.compile_decoding:
+        decoding, forwards = compile_flags(hp.compile_decoding, hp.compile_forwards)
+        if decoding:
             compile_decoding(self.student)
             compile_decoding(self.teacher)
-        if hp.compile_forwards:
+        if forwards:
             compile_forwards(self.student)
             compile_forwards(self.teacher)
         keep_out_of_ddp(self, "teacher")  # not in DDP's start-up broadcast (16 GB at paper scale)

@@ -9,6 +9,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The shipped configs compile their models (30-90 s a process); tests run them eagerly. The tests of
+# compiling itself unset it (`monkeypatch.delenv`).
+os.environ["DISTILL_COMPILE"] = "0"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

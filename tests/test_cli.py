@@ -53,6 +53,9 @@ def test_every_config_parses(config, capsys, monkeypatch):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["class_path"].startswith("distill.")
     assert printed["model"]["init_args"]["student"]
+    # As shipped, every model compiles (issue 32: eager configs gave no speed advantage).
+    assert printed["model"]["init_args"]["compile_decoding"] is True
+    assert printed["model"]["init_args"]["compile_forwards"] is True
 
 
 def test_base_includes_deep_merge(tmp_path):

@@ -48,6 +48,8 @@ def test_every_paper_config_measures_on_sets_a_chat_model_can_do(config, capsys,
         source = parse_spec(trained).source
         assert source not in {parse_spec(s).source for s in forgetting["sets"]}
         assert source not in {parse_text_spec(v).source for v in texts.values()}
+    init = printed["model"]["init_args"]
+    assert init["compile_decoding"] is True and init["compile_forwards"] is True  # fast as shipped
     for test_task in printed["data"].get("test_tasks") or []:  # every held-out question is scored
         if is_spec(test_task) and parse_spec(test_task).test is not None:
             assert printed["data"]["test_size"] >= parse_spec(test_task).test, test_task

@@ -1,4 +1,9 @@
-"""Compiled forward passes (opt-in): `torch.compile` for a model's scoring and training forwards.
+"""Compiled forward passes: `torch.compile` for a model's scoring and training forwards.
+
+The modules' `compile_forwards` / `compile_decoding` flags are off in the Python API and on in the
+shipped configs (`configs/tiny`, `configs/paper`); `DISTILL_COMPILE=0` in the environment runs every
+model eagerly whatever the config says (`compile_flags`; the test suite sets it, so that tests do
+not pay a compile each).
 
 `compile_forwards(model)` marks a Hugging Face causal LM so that `distill.models.forward.causal_logits`
 (every full-sequence pass: the distillation step's student forward + backward and teacher
@@ -33,14 +38,36 @@ step over a static KV cache.
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from collections.abc import Callable
 
 import torch
 import torch._functorch.config  # noqa: F401  (torch._functorch.config is not imported by `import torch`)
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from distill.parallel import is_sharded
+
+COMPILE_ENV = "DISTILL_COMPILE"  # "0": every model runs eagerly, whatever the config says
+
+
+def compile_flags(decoding: bool, forwards: bool, owner: str = "model") -> tuple[bool, bool]:
+    """The (`compile_decoding`, `compile_forwards`) a module applies: its own, unless the
+    environment says `DISTILL_COMPILE=0`. Logs what compiling costs when either is on."""
+    if os.environ.get(COMPILE_ENV, "").strip() == "0":
+        return False, False
+    if decoding or forwards:
+        what = " and ".join(
+            n for n, on in (("the decode step", decoding), ("the forward passes", forwards)) if on
+        )
+        rank_zero_info(
+            f"[distill] {owner}: compiling {what} (torch.compile): the first steps take about 30-90 s "
+            f"longer per process; `--{owner}.init_args.compile_decoding false "
+            f"--{owner}.init_args.compile_forwards false` (or {COMPILE_ENV}=0) runs eagerly"
+        )
+    return decoding, forwards
+
 
 _ATTRIBUTE = "_distill_compiled_forward"  # on the model itself: freed with it
 

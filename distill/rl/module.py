@@ -34,7 +34,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
-from distill.models.compiled import compile_forwards
+from distill.models.compiled import compile_flags, compile_forwards
 from distill.models.forward import drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
@@ -196,9 +196,10 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             self.reference = load_model(self.reference_path, dtype, trainable=False, **attn)
             models.append(self.reference)
         vocab_size(self.tokenizer, *models)
-        if hp.compile_decoding:
+        decoding, forwards = compile_flags(hp.compile_decoding, hp.compile_forwards)
+        if decoding:
             compile_decoding(self.student)
-        if hp.compile_forwards:
+        if forwards:
             for model in models:
                 compile_forwards(model)
         keep_out_of_ddp(self, "reference")  # not in DDP's start-up broadcast

@@ -84,9 +84,12 @@ def test_a_sharded_model_runs_its_passes_eagerly_with_a_warning(tiny_student, mo
     assert compiled_forward(tiny_student) is None
 
 
-def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gradient(quick_world, recording):
+def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gradient(
+    quick_world, recording, monkeypatch
+):
     """`model.compile_forwards` marks both models; the step's means and the student's gradient equal
     the eager module's (through the recording backend)."""
+    monkeypatch.delenv("DISTILL_COMPILE")  # the suite runs eagerly unless a test compiles
     from distill.module import DistillationModule
     from distill.rl import GRPOModule
     from distill.rollout import RolloutBatch
