@@ -96,7 +96,9 @@ def test_sampled_share_is_logged_beside_the_greedy_one_and_resumes(monkeypatch, 
     StyleProbe(num_prompts=1).load_state_dict(old)  # a checkpoint from before the option
 
 
-def test_sampled_share_estimates_the_students_probability_of_the_style(fake_trainer, fake_module, tiny_student):
+def test_sampled_share_estimates_the_students_probability_of_the_style(
+    fake_trainer, fake_module, tiny_student
+):
     """With one new token, the sampled share is the student's probability of a first token that
     the detector accepts: compared with that probability from a direct forward pass."""
     import torch
@@ -106,7 +108,9 @@ def test_sampled_share_estimates_the_students_probability_of_the_style(fake_trai
     probe = StyleProbe(pattern=r"^[0-9]", task="addition", num_prompts=4, max_new_tokens=1, batch_size=300)
     trainer, module = fake_trainer(), fake_module(tiny_student)
     tok = module.tokenizer
-    digit = torch.tensor([bool(re.match(r"^[0-9]", tok.decode([i], skip_special_tokens=True))) for i in range(len(tok))])
+    digit = torch.tensor(
+        [bool(re.match(r"^[0-9]", tok.decode([i], skip_special_tokens=True))) for i in range(len(tok))]
+    )
     expected = []
     for row in probe.rows:
         enc = prompt_collator(trainer, module).student([row])

@@ -144,7 +144,9 @@ def test_domain_comparison_cuts_both_grids_to_the_shared_cells_and_pairs_runs(ca
     assert script.main(["--n-boot", "50"]) == 0
     out = capsys.readouterr().out
     assert f"Countdown {len(shared)}, knowledge {len(shared)}." in out
-    kept = script.common_cells([script.finished(script.load_records(ROOT / d)) for d in ("tiny_grid", "tiny_sci")])
+    kept = script.common_cells(
+        [script.finished(script.load_records(ROOT / d)) for d in ("tiny_grid", "tiny_sci")]
+    )
     assert {float(r.settings["mix"]) for r in kept[0]} <= {0.0, 0.5, 1.0}
     assert not any(math.isclose(float(r.settings["lr"]), 1e-4) for r in kept[0])
 

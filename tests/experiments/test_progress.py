@@ -45,8 +45,10 @@ def test_time_left_deals_the_remaining_runs_to_the_job_slots(tmp_path):
     # (0 + 100), slot c the other (80 + 100): the last ends in 180 s.
     assert progress.seconds_left() == 180.0
     progress.show()
-    assert out.getvalue().splitlines()[-1].startswith(
-        "[sweep] 1/5 done, 2 running, 2 left, 0 failed, about 3 min left (until "
+    assert (
+        out.getvalue()
+        .splitlines()[-1]
+        .startswith("[sweep] 1/5 done, 2 running, 2 left, 0 failed, about 3 min left (until ")
     )
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["seconds_left"] == 180 and status["running_runs"] == ["b", "c"]

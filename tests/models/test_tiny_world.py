@@ -387,6 +387,10 @@ def test_a_v3_shaped_world_measures_its_variants_and_the_teachers_lead(tmp_path)
         assert {f"{name}_countdown_chain", f"{name}_countdown3_large", f"{name}_style_share"} <= set(quality)
     lead = quality["teacher_countdown_chain"] - quality["student_countdown_chain"]
     assert quality["teacher_lead_countdown_chain"] == pytest.approx(lead)
-    assert quality["recipe"]["measured"] == [["countdown3", 8], ["countdown_chain", 8], ["countdown3_large", 8]]
+    assert quality["recipe"]["measured"] == [
+        ["countdown3", 8],
+        ["countdown_chain", 8],
+        ["countdown3_large", 8],
+    ]
     assert "measured" not in tw._recipe_json(tw.V2)  # v2's record as committed
     assert tw.committed_build(V3) is None and tw.default_dir("v3").name == "tiny-world-v3"
