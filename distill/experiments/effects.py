@@ -1,21 +1,20 @@
-"""Effect sizes for the contrasts the study's claims are about, with bootstrap intervals.
+"""Effect sizes for the contrasts the study's claims are about, with 95 % intervals (exploratory:
+the declared contrasts and their verdicts are `distill.experiments.verdicts`).
 
 A contrast compares two values of one knob (`a` and `b`, e.g. mix 0 against mix 1), optionally
 within one value of another knob (e.g. within forward KL), pooled over everything else. Runs of
 `a` and `b` are paired when they share every other setting (learning rate, seed, ...): the effect
-is then the mean of the paired differences, and its percentile bootstrap interval resamples the
-pairs. Runs without a partner are left out; with no pairs at all (an unbalanced sweep) the effect
+is then the mean of the paired differences, with the interval of `distill.experiments.intervals`
+(Student's t below `MIN_BOOTSTRAP_PAIRS` = 10 pairs, a percentile bootstrap over the pairs from
+there on). Runs without a partner are left out; with no pairs at all (an unbalanced sweep) the effect
 is the difference of the two means and each side is resampled on its own.
 
-Below `MIN_BOOTSTRAP_PAIRS` pairs the interval is Student's t on the paired differences instead:
-a bootstrap over two pairs can only return their range (two equal differences give a zero-width
-interval that "excludes 0"), far narrower than the uncertainty of a mean of two. One pair has no
-interval.
+A bootstrap over few pairs under-covers (over two it can only return their range, and two equal
+differences gave a zero-width interval that "excluded 0"). One pair has no interval.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from distill.experiments.axes import format_value
+from distill.experiments.intervals import MIN_BOOTSTRAP_PAIRS, estimate, t_quantile  # noqa: F401 (re-exported)
 from distill.experiments.records import RunRecord
 from distill.experiments.tables import is_share, table
 
@@ -66,59 +66,26 @@ def _matches(record: RunRecord, knob: str, value: Any) -> bool:
     return knob in record.settings and format_value(record.settings[knob]) == format_value(value)
 
 
-MIN_BOOTSTRAP_PAIRS = 5
-
-
-@functools.lru_cache(maxsize=64)  # a report asks for the same (p, df) once per contrast
-def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with `df` degrees of freedom (p in (0.5, 1)): bisection on its
-    CDF, integrated from the density by Simpson's rule (no scipy here)."""
-    if not 0.5 < p < 1 or df < 1:
-        raise ValueError(f"t_quantile: p must be in (0.5, 1) and df >= 1, got p={p}, df={df}")
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(t: float) -> float:  # t >= 0; substitute x = tan(u) so the heavy tail is on a finite range
-        u = np.linspace(0.0, math.atan(t), 4001)
-        x = np.tan(u)
-        f = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df)) * (1 + x * x)
-        h = u[1] - u[0]
-        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
-
-    low, high = 0.0, 1.0
-    while cdf(high) < p:
-        high *= 2
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if cdf(mid) < p else (low, mid)
-    return (low + high) / 2
-
-
 def difference_interval(
-    a: np.ndarray, b: np.ndarray, paired: bool, n_boot: int, level: float, seed: int
+    a: np.ndarray, b: np.ndarray, paired: bool, n_boot: int, level: float, seed: int, resolution=None
 ) -> tuple[float, float, float]:
-    """(mean(a - b) or mean(a) - mean(b), low, high): the percentile bootstrap interval, or
-    Student's t for fewer than `MIN_BOOTSTRAP_PAIRS` pairs (nan bounds for one pair)."""
+    """(mean(a - b) or mean(a) - mean(b), low, high): for paired runs `intervals.estimate` (Student's
+    t below `MIN_BOOTSTRAP_PAIRS` pairs, nan bounds for one pair or none without spread; from there
+    on a percentile bootstrap with as many resamples as bounds stable to `resolution` need);
+    unpaired, a percentile bootstrap of `n_boot` resamples of each side."""
+    if paired:
+        d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+        est = estimate([d], level, resolution, seed)
+        if est.method == "none" or est.se == 0:  # no spread to scale: no interval, not a zero-width one
+            return est.point, math.nan, math.nan
+        return est.point, est.low, est.high
     rng = np.random.default_rng(seed)
     tail = (1 - level) / 2 * 100
-    if paired and a.size < MIN_BOOTSTRAP_PAIRS:
-        d = a - b
-        point = float(d.mean())
-        # no spread to scale (up to float rounding): no interval, not a zero-width one
-        if d.size < 2 or float(np.ptp(d)) <= 1e-12 * max(1.0, float(np.abs(d).max())):
-            return point, math.nan, math.nan
-        half = t_quantile(1 - (1 - level) / 2, d.size - 1) * float(d.std(ddof=1)) / math.sqrt(d.size)
-        return point, point - half, point + half
-    if paired:
-        d = a - b
-        boot = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
-        point = float(d.mean())
-    else:
-        boot = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1) - b[
-            rng.integers(0, b.size, size=(n_boot, b.size))
-        ].mean(axis=1)
-        point = float(a.mean() - b.mean())
+    boot = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1) - b[
+        rng.integers(0, b.size, size=(n_boot, b.size))
+    ].mean(axis=1)
     low, high = np.percentile(boot, [tail, 100 - tail])
-    return point, float(low), float(high)
+    return float(a.mean() - b.mean()), float(low), float(high)
 
 
 def contrast(
@@ -146,7 +113,8 @@ def contrast(
         y = np.array([side_b[k] for k in shared])
     else:
         x, y = np.array(list(side_a.values())), np.array(list(side_b.values()))
-    diff, low, high = difference_interval(x, y, bool(shared), n_boot, level, seed)
+    resolution = 0.001 if is_share(metric) else None  # printed in 0.1 pp
+    diff, low, high = difference_interval(x, y, bool(shared), n_boot, level, seed, resolution)
     n = len(shared) if shared else min(len(side_a), len(side_b))
     return Effect(metric, knob, a, b, within, diff, low, high, n, bool(shared))
 
@@ -237,12 +205,14 @@ def effects_section(
     if not rows:
         return []
     intro = (
-        "Difference of means for the contrasts the study's claims are about, run for run: runs of the "
-        "two sides that share every other setting (learning rate, seed, ...) are paired, and the interval "
-        "is a percentile bootstrap 95 % interval over the pairs (pp: percentage points). ✱: the interval "
-        f"excludes 0. With fewer than {MIN_BOOTSTRAP_PAIRS} pairs (marked t) the interval is Student's t on "
-        "the paired differences (none, —, for one pair or pairs without spread): a bootstrap over two pairs would only span their range. Contrasts whose "
-        "two sides are equal in every pair (e.g. 0 % everywhere) are left out."
+        "Exploratory: none of these contrasts is declared in a claims file, so they carry no verdict and "
+        "no correction for their number (the declared ones are in the verdict table above, where a claims "
+        "file applies). Difference of means run for run: runs of the two sides that share every other "
+        "setting (learning rate, seed, ...) are paired, pooling any knob not named, learning rates "
+        "included (pp: percentage points). Unadjusted 95 % intervals: Student's t on the paired "
+        f"differences below {MIN_BOOTSTRAP_PAIRS} pairs (marked t; none, —, for one pair or pairs without "
+        "spread), from there on a percentile bootstrap over the pairs. ✱: the interval excludes 0. "
+        "Contrasts whose two sides are equal in every pair (e.g. 0 % everywhere) are left out."
     )
     header = ["outcome", "contrast", "within", "effect", "95 % interval", "n"]
-    return ["## Effects", "", intro, "", *table(header, rows)]
+    return ["## Effects (exploratory)", "", intro, "", *table(header, rows)]
