@@ -268,6 +268,13 @@ def check_distill(shell: Shell, args: list[str]) -> None:
         from distill.experiments import report
 
         ns = parsed(report.main, rest)
+        if ns.claims is not None:  # a claims file: it loads
+            from distill.experiments.claims import load_claims
+
+            load_claims(shell.path(str(ns.claims)))
+        if ns.sweep_dir is None:
+            assert ns.claims is not None, "distill report: neither SWEEP_DIR nor --claims"
+            return
         where = shell.path(str(ns.sweep_dir))
         assert shell.known(str(ns.sweep_dir)) or where in sweep_outs(), (
             f"distill report {ns.sweep_dir}: neither in the checkout nor where a sweep spec writes"

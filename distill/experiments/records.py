@@ -235,6 +235,8 @@ def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> None:
         "runs": [run.name for run in runs if not run.reference],
         "references": [run.name for run in runs if run.reference],
     }
+    if spec.claims:
+        record["claims"] = spec.claims
     if spec.stages:
         # Each stage directory reads as a sweep of its own (the report's knob order comes from
         # its axes: a chained stage's are its parents' plus its own).

@@ -46,10 +46,11 @@ import re
 import sys
 from pathlib import Path
 
-from distill.experiments import stages, tables
+from distill.experiments import stages, tables, verdict_table
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance
 from distill.experiments.archive import ArchiveError, archive
 from distill.experiments.axes import format_value
+from distill.experiments.claims import ClaimsError, load_claims
 from distill.experiments.effects import effect_metrics, effects_section
 from distill.experiments.records import (
     CURVE_TAGS,
@@ -130,7 +131,7 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
         "",
         "Share of each outcome's variance across runs explained by each knob's main effect "
         "(eta² = SS_between / SS_total), by interactions of knobs (the remainder), and by seeds "
-        "(within-cell variance: runs that share every knob value). Brackets: 95 % percentile "
+        "(within-cell variance: runs that share every knob value). Brackets: 95 % basic "
         f"bootstrap intervals ({results[0].resampling if results else 'within-cell residuals'} resampled). "
         "**Bold**: the largest main effect.",
         "",
@@ -269,18 +270,27 @@ def build_report(
     n_boot: int = N_BOOT,
     with_plots: bool = True,
     references_from: Path | None = None,
+    claims: tuple[Path, str] | None = None,
 ) -> Path:
     """Write runs.csv, report.md and plots/ for a sweep directory; returns the report.md path.
     A staged sweep gets one report per stage and a before/after section (`distill.experiments.stages`).
     `references_from`: the directory whose `references/` to compare with (default `sweep_dir`; a
-    chained stage uses the first stage's)."""
+    chained stage uses the first stage's). `claims`: (path, name) of the claims file whose verdicts
+    head the report (`distill.experiments.verdict_table`)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out is not None else sweep_dir / "report"
+    verdicts = (
+        verdict_table.section(sweep_dir, _sweep_name(sweep_dir), *claims, out) if claims is not None else []
+    )
     staged = stages.read_stages(sweep_dir)
     if staged:
-        return stages.build_staged_report(
+        path = stages.build_staged_report(
             sweep_dir, out, staged, build_report, n_boot=n_boot, with_plots=with_plots
         )
+        if verdicts:  # after the title
+            lines = path.read_text().split("\n")
+            path.write_text("\n".join(lines[:2] + verdicts + lines[2:]))
+        return path
     records = load_records(sweep_dir)
     if not records:
         raise FileNotFoundError(f"no run directories (with settings.json or metrics.json) in {sweep_dir}")
@@ -296,6 +306,7 @@ def build_report(
     references = load_references(ref_dir)
     where = "references/" if ref_dir == sweep_dir else f"{ref_dir.name}/references/"
     lines = _header(sweep_dir, records, knobs, factors, tables.references_lines(references, where))
+    lines[4:4] = verdicts  # after the run count
     lines += tables.metric_tables(done, groups, factors, references)
     lines += effects_section(done, effect_metrics(groups), factors, n_boot)
     lines += _analysis(done, metrics, groups, factors, n_boot)
@@ -310,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="distill report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("sweep_dir", type=Path, help="a sweep's output directory (the spec's 'out')")
+    parser.add_argument(
+        "sweep_dir", type=Path, nargs="?", help="a sweep's output directory (the spec's 'out')"
+    )
     parser.add_argument("--out", type=Path, help="report directory (default: SWEEP_DIR/report)")
     parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -320,22 +333,47 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DEST",
         help="copy the committable files to DEST and report from there",
     )
+    parser.add_argument(
+        "--claims",
+        type=Path,
+        metavar="FILE",
+        help="the claims file whose verdicts head the report (default: the one sweep.json names); "
+        "without SWEEP_DIR, print the verdict table of every claim in FILE (and write verdicts.md and "
+        "verdicts.json into --out if given)",
+    )
     args = parser.parse_args(argv)
     if args.n_boot < 10:
         print(f"distill report: --n-boot must be >= 10, got {args.n_boot}", file=sys.stderr)
         return 2
+    if args.sweep_dir is None and args.claims is None:
+        print("distill report: give SWEEP_DIR, or --claims FILE for the verdict table alone", file=sys.stderr)
+        return 2
     sweep_dir = args.sweep_dir
     try:
+        if sweep_dir is None:
+            return _claims_only(args.claims, args.out)
         if args.archive is not None:
             runs = archive(sweep_dir, args.archive)
             refs = [run for run in runs if run.parent.name == REFERENCES]
             kept = f"{len(runs) - len(refs)} runs" + (f" and {len(refs)} references" if refs else "")
             print(f"archived {kept} of {sweep_dir} in {args.archive}")
             sweep_dir = args.archive
-        path = build_report(sweep_dir, args.out, args.n_boot, not args.no_plots)
-    except (FileNotFoundError, ArchiveError) as err:
+        claims = (args.claims, str(args.claims)) if args.claims else verdict_table.attached_claims(sweep_dir)
+        path = build_report(sweep_dir, args.out, args.n_boot, not args.no_plots, claims=claims)
+    except (FileNotFoundError, ArchiveError, ClaimsError) as err:
         print(f"distill report: {err}", file=sys.stderr)
         return 2
     tables = sorted(str(p) for p in path.parent.glob("**/runs.csv"))
     print(f"wrote {path} and {', '.join(tables)}")
+    return 0
+
+
+def _claims_only(path: Path, out: Path | None) -> int:
+    """`distill report --claims FILE`: every claim's verdict, printed (and written into `out`)."""
+    claims = load_claims(path)
+    verdicts = verdict_table.family(claims, {})
+    size = verdict_table.family_size(verdicts)
+    print("\n".join([*verdict_table.intro(claims, str(path), size), "", *verdict_table.table(verdicts)]))
+    if out is not None:
+        verdict_table.write(claims, str(path), verdicts, size, out)
     return 0

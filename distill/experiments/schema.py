@@ -91,6 +91,9 @@ class SpecFields:
         f"be true, false or a list of distinct names from {', '.join(REFERENCE_KINDS)} (e.g. [start])",
         default=True,
     )
+    claims: NotEmptyStr | None = _field(
+        "be the path of a claims file, relative to the repository root", default=None
+    )
 
 
 def label_of(label: str, name: str) -> str:

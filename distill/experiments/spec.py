@@ -18,6 +18,7 @@ A spec is a YAML file, run with `distill sweep SPEC`::
       gpus: 1
       time: "04:00:00"
     references: true                     # optional; default true (see below)
+    claims: experiments/claims.yaml      # optional; the claims file whose verdicts head the report
 
 Relative paths (`base`, `out`) resolve against the current working directory, which is the
 repository root for every command in this project; they are made absolute before any command
@@ -110,6 +111,7 @@ from distill.experiments.axes import (
     parse_overrides,
     run_name,
 )
+from distill.experiments.claims import ClaimsError, load_claims
 from distill.experiments.schema import (
     REFERENCE_KINDS,
     SpecError,
@@ -198,6 +200,8 @@ class SweepSpec:
     # spec named them in a list (so a missing teacher is an error, not a skip).
     references: tuple[str, ...] = REFERENCE_KINDS
     references_listed: bool = False
+    # The claims file (`distill.experiments.claims`) whose verdicts head the report, as written.
+    claims: str | None = None
 
 
 def _paths(value: str | list[str], label: str, root: Path) -> list[Path]:
@@ -302,6 +306,12 @@ def parse_spec(data: Any, root: Path | None = None, path: Path | None = None) ->
         spec.overrides = parse_overrides(fields.overrides)
         check_axes_vs_overrides(spec.axes, spec.overrides)
     _check_references(spec)
+    if fields.claims is not None:  # declared before the sweep runs: a file that loads, checked now
+        try:
+            load_claims(root / fields.claims)
+        except ClaimsError as err:
+            raise SpecError(f"'claims': {err}") from err
+        spec.claims = str(fields.claims)
     expand(spec)  # surface path collisions and name clashes now, before anything runs
     return spec
 

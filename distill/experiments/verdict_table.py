@@ -1,0 +1,245 @@
+"""The verdict table of `distill report`: which claims file applies to a sweep, and the claims'
+verdicts (`distill.experiments.verdicts`) as markdown and JSON.
+
+A sweep's claims file is named in its `sweep.json` (`"claims": "experiments/claims/v2.yaml"`,
+relative to the repository root: the first ancestor of the sweep directory that holds the path)
+or given with `distill report --claims FILE`. The report of a sweep shows the claims that read it
+(`archive: <its name>[/<stage>]`); Holm's family is always the whole file, so every report
+shows the same verdict for a claim. `distill report --claims FILE` alone prints the whole table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from distill.experiments.axes import format_value
+from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_claims
+from distill.experiments.intervals import Estimate
+from distill.experiments.records import read_sweep_record
+from distill.experiments.tables import is_share
+from distill.experiments.verdicts import Verdict, evaluate
+
+CLAIMS_KEY = "claims"
+_FAMILIES: dict[tuple, list[Verdict]] = {}  # one evaluation per claims file and sweep directories
+
+
+def attached_claims(sweep_dir: Path) -> tuple[Path, str] | None:
+    """(path, the name `sweep.json` gives it) of the claims file a sweep names, or None."""
+    named = read_sweep_record(sweep_dir).get(CLAIMS_KEY)
+    if not isinstance(named, str) or not named:
+        return None
+    for parent in [Path(sweep_dir).resolve(), *Path(sweep_dir).resolve().parents]:
+        if (parent / named).is_file():
+            return parent / named, named
+    raise ClaimsError(f"{sweep_dir}/sweep.json: claims file {named!r} not found above {sweep_dir}")
+
+
+def family(claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> list[Verdict]:
+    """Every claim's verdict, evaluated once a process for a claims file and sweep directories."""
+    results = claims.results.resolve()
+    sweep_dirs = {k: v for k, v in sweep_dirs.items() if Path(v).resolve() != results / k}
+    key = (
+        str(claims.path.resolve()),
+        tuple(sorted((k, str(Path(v).resolve())) for k, v in sweep_dirs.items())),
+    )
+    if key not in _FAMILIES:
+        _FAMILIES[key] = evaluate(claims, sweep_dirs)
+    return _FAMILIES[key]
+
+
+def _fmt(claim: Claim, value: float, signed: bool = True) -> str:
+    if not math.isfinite(value):
+        return "—"
+    if claim.transform == "log":
+        return f"×{math.exp(value):.3g}"
+    if is_share(claim.metric):
+        return f"{100 * value:+.1f}" if signed else f"{100 * value:.1f}"
+    return f"{value:+.3g}" if signed else f"{value:.3g}"
+
+
+def _unit(claim: Claim) -> str:
+    return " pp" if is_share(claim.metric) and claim.transform != "log" else ""
+
+
+def _interval(claim: Claim, est: Estimate | None) -> str:
+    if est is None:
+        return "—"
+    point = _fmt(claim, est.point) + _unit(claim)
+    if not est.has_interval:
+        return point
+    return f"{point} [{_fmt(claim, est.low)}, {_fmt(claim, est.high)}]"
+
+
+def _sides(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={format_value(v)}" for k, v in values.items())
+
+
+def _contrast(claim: Claim) -> str:
+    metric = f"log {claim.metric}" if claim.transform == "log" else claim.metric
+    if claim.baseline:
+        metric = f"Δ {metric} ({claim.archive.split('/')[-1]} − {claim.baseline.split('/')[-1]})"
+    text = f"`{metric}`: {_sides(claim.a)} − {_sides(claim.b)}"
+    if claim.within:
+        text += f" within {_sides(claim.within)}"
+    if claim.strata:
+        text += f"; per {', '.join(claim.strata)}"
+    return text + (f"; paired by {', '.join(claim.paired)}" if claim.paired else "")
+
+
+def _predicts(claim: Claim) -> str:
+    if claim.predicts == "none":
+        return f"none (within ±{_fmt(claim, claim.sesoi, False)}{_unit(claim)})"
+    return f"{'> 0' if claim.predicts == 'increase' else '< 0'} (s = {_fmt(claim, claim.sesoi, False)}{_unit(claim)})"
+
+
+def _method(est: Estimate | None) -> str:
+    if est is None or not est.has_interval:
+        return "—"
+    how = "t" if est.method == "t" else f"bootstrap, {est.resamples:,} resamples"
+    return f"{how}, {100 * est.level:.4g} %"
+
+
+def rows(verdicts: list[Verdict]) -> list[list[str]]:
+    out = []
+    for v in verdicts:
+        c = v.claim
+        per = "; ".join(f"{label}: {_interval(c, e)}" for label, e in v.strata) if len(v.strata) > 1 else ""
+        verdict = f"**{v.verdict}**" + (f": {v.reason}" if v.reason else "")
+        mde = _fmt(c, v.mde, False) + _unit(c) if math.isfinite(v.mde) else "—"
+        pairs = str(v.estimate.n) if v.estimate is not None else "0"
+        shown = v.adjusted or v.estimate
+        out.append(
+            [
+                c.claim,
+                f"`{c.archive}`",
+                _contrast(c),
+                _predicts(c),
+                _interval(c, shown),
+                _method(shown),
+                per or "—",
+                pairs,
+                mde,
+                verdict,
+            ]
+        )
+    return out
+
+
+HEADER = [
+    "claim",
+    "archive",
+    "contrast (a − b)",
+    "predicts",
+    "effect [Holm-adjusted interval]",
+    "interval",
+    "per stratum [95 %]",
+    "pairs",
+    "MDE (80 %)",
+    "verdict",
+]
+
+
+def table(verdicts: list[Verdict]) -> list[str]:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows(verdicts)]
+
+
+def family_size(verdicts: list[Verdict]) -> int:
+    return sum(v.verdict != "not testable" for v in verdicts)
+
+
+def intro(claims: ClaimsFile, name: str, size: int) -> list[str]:
+    world = f" on {claims.world}" if claims.world else ""
+    return [
+        f"Declared in `{name}`{world}: each claim a primary contrast. Effect: the equal-weight mean over the "
+        "strata of the mean paired difference a − b. Interval: Student's t below 10 pairs a stratum "
+        "(Welch–Satterthwaite df over strata), a stratified percentile bootstrap from 10 on, at the level "
+        f"Holm's step-down tests the claim in the family of {size} testable claims "
+        f"(family-wise {100 * claims.level:.4g} %). Verdicts by rule (`distill.experiments.verdicts`, "
+        "docs/study.md): replicated, contradicted, no effect, unresolved (with the minimum detectable "
+        "effect at 80 % power), not testable.",
+    ]
+
+
+def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -> dict[str, Any]:
+    def num(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else round(float(x), 10)
+
+    def est(e: Estimate | None) -> dict[str, Any] | None:
+        if e is None:
+            return None
+        fields = ("point", "low", "high", "se", "df", "p", "level")
+        return {
+            **{k: num(getattr(e, k)) for k in fields},
+            "pairs": e.n,
+            "method": e.method,
+            "resamples": e.resamples,
+        }
+
+    return {
+        "claims": name,
+        "world": claims.world,
+        "level": claims.level,
+        "family": size,
+        "verdicts": [
+            {
+                "id": v.claim.id,
+                "claim": v.claim.claim,
+                "archive": v.claim.archive,
+                "metric": v.claim.metric,
+                "transform": v.claim.transform,
+                "baseline": v.claim.baseline,
+                "a": v.claim.a,
+                "b": v.claim.b,
+                "within": v.claim.within,
+                "strata": list(v.claim.strata),
+                "paired": list(v.claim.paired),
+                "predicts": v.claim.predicts,
+                "sesoi": v.claim.sesoi,
+                "verdict": v.verdict,
+                "reason": v.reason,
+                "estimate": est(v.estimate),
+                "adjusted": est(v.adjusted),
+                "p_adjusted": num(v.p_adjusted),
+                "mde": num(v.mde),
+                "per_stratum": [{"stratum": label, **est(e)} for label, e in v.strata],
+                "start": num(v.start),
+                "teacher": num(v.teacher),
+            }
+            for v in verdicts
+        ],
+    }
+
+
+def write(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int, out: Path) -> None:
+    """`verdicts.md` and `verdicts.json` in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), ""]
+    (out / "verdicts.md").write_text("\n".join(md))
+    (out / "verdicts.json").write_text(json.dumps(as_json(claims, name, verdicts, size), indent=1) + "\n")
+
+
+def section(sweep_dir: Path, sweep_name: str, claims_path: Path, name: str, out: Path) -> list[str]:
+    """The report's verdict section for the claims that read this sweep (also written to
+    `out/verdicts.md` and `out/verdicts.json`)."""
+    claims = load_claims(claims_path)
+    everything = family(claims, {sweep_name: sweep_dir})
+    verdicts = [v for v in everything if v.claim.sweep == sweep_name]
+    if not verdicts:
+        return [f"No claim of `{name}` reads `{sweep_name}`: every table below is exploratory.", ""]
+    size = family_size(everything)
+    write(claims, name, verdicts, size, out)
+    return [
+        "## Verdicts: the declared claims",
+        "",
+        *intro(claims, name, size),
+        "",
+        *table(verdicts),
+        "",
+        "Also in `verdicts.md` and `verdicts.json`. Everything below is exploratory: not declared in "
+        f"`{name}`, so unadjusted for multiplicity and without a verdict.",
+        "",
+    ]

@@ -1,0 +1,289 @@
+"""Verdicts by rule: each declared claim (`distill.experiments.claims`) computed from its archive.
+
+For a claim, runs of side a and side b that agree on every `strata` and `paired` knob form a pair;
+each pair gives a difference (of the metric, of its log, or of its change from the parent run).
+The claim's estimate is the equal-weight mean of the per-stratum mean differences with a t or
+bootstrap interval (`distill.experiments.intervals`). Holm's step-down runs over the family: every
+claim of the file that is not *not testable* (a claim whose archive has no runs yet counts, with
+p = 1, so that the family is the declared one). The verdict, from the Holm-adjusted interval
+[lo, hi] and the smallest effect of interest s:
+
+- *not testable*: the claim's `testable` rule holds (teacher not ahead of the start by the margin;
+  start at a floor or ceiling; teacher at the floor; every run at the floor, or every run at the
+  ceiling). A teacher at the ceiling alone does not count: it bounds nothing the students do unless
+  they reach it too, which the every-run rule sees.
+- predicts increase (decrease): *replicated* when lo > 0 (hi < 0); *contradicted* when hi < 0
+  (lo > 0); *no effect* when −s <= lo and hi <= s; else *unresolved*.
+- predicts none (an equality, e.g. "robust to the policy"): *replicated* when −s <= lo and hi <= s;
+  *contradicted* when lo > s or hi < −s (an effect of at least s is shown); else *unresolved*.
+- every *unresolved* claim gets its minimum detectable effect at 80 % power, at the level Holm
+  tested it and the standard error observed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill.experiments.axes import format_value
+from distill.experiments.claims import Claim, ClaimsError, ClaimsFile
+from distill.experiments.intervals import Estimate, estimate, holm, minimum_detectable
+from distill.experiments.records import RunRecord, load_records
+from distill.experiments.references import load_references
+from distill.experiments.stages import pairs as chained_pairs
+from distill.experiments.stages import read_stages
+from distill.experiments.tables import is_share
+
+VERDICTS = ("replicated", "contradicted", "no effect", "unresolved", "not testable", "no runs yet")
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    verdict: str
+    reason: str
+    estimate: Estimate | None = None  # at 95 % (unadjusted): the p-value Holm ranks
+    adjusted: Estimate | None = None  # at the level Holm tested it
+    p_adjusted: float = math.nan
+    mde: float = math.nan
+    strata: list[tuple[str, Estimate]] = field(default_factory=list)  # per stratum, 95 %
+    groups: list[np.ndarray] = field(default_factory=list)  # the paired differences of each stratum
+    start: float | None = None
+    teacher: float | None = None
+
+
+def _same(x: Any, y: Any) -> bool:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+    return math.isclose(x, y, rel_tol=1e-9) if numbers else format_value(x) == format_value(y)
+
+
+def _matches(record: RunRecord, values: dict[str, Any]) -> bool:
+    return all(k in record.settings and _same(record.settings[k], v) for k, v in values.items())
+
+
+def _stage_dir(claim_archive: str, sweep_dirs: dict[str, Path], results: Path) -> Path:
+    sweep, _, stage = claim_archive.partition("/")
+    top = sweep_dirs.get(sweep, results / sweep)
+    return top / stage if stage else top
+
+
+def _values(claim: Claim, directory: Path, baseline: Path | None) -> list[tuple[RunRecord, float]]:
+    """(run, the claim's value) for every finished run that has the metric."""
+    runs = [r for r in load_records(directory) if r.finished] if directory.is_dir() else []
+    if baseline is None:
+        return [(r, r.metrics[claim.metric]) for r in runs if claim.metric in r.metrics]
+    parents = [r for r in load_records(baseline) if r.finished] if baseline.is_dir() else []
+    return [
+        (child, child.metrics[claim.metric] - parent.metrics[claim.metric])
+        for parent, child in chained_pairs(parents, runs)
+        if claim.metric in child.metrics and claim.metric in parent.metrics
+    ]
+
+
+def _check_knobs(claim: Claim, runs: list[RunRecord]) -> None:
+    values: dict[str, set[str]] = defaultdict(set)
+    for r in runs:
+        for k, v in r.settings.items():
+            values[k].add(format_value(v))
+    declared = claim.knobs()
+    for knob in sorted(declared):
+        if knob not in values:
+            raise ClaimsError(
+                f"claim {claim.id}: knob {knob!r} is not a knob of {claim.archive}; allowed: {', '.join(sorted(values))}"
+            )
+    loose = sorted(k for k, v in values.items() if len(v) > 1 and k not in declared)
+    if loose:
+        raise ClaimsError(
+            f"claim {claim.id}: knob {loose[0]!r} of {claim.archive} varies but is not declared; "
+            "allowed: name it in a/b, within, strata or paired"
+        )
+
+
+def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, list[float]]:
+    """Per stratum (a tuple of formatted values), the paired differences a − b."""
+    _check_knobs(claim, [r for r, _ in values])
+    sides: dict[str, dict[tuple, float]] = {"a": {}, "b": {}}
+    for record, value in values:
+        if not _matches(record, claim.within) or not math.isfinite(value):
+            continue
+        for side, wanted in (("a", claim.a), ("b", claim.b)):
+            if _matches(record, wanted):
+                key = tuple(format_value(record.settings[k]) for k in (*claim.strata, *claim.paired))
+                if key in sides[side]:
+                    raise ClaimsError(
+                        f"claim {claim.id}: two runs of side {side} share {key}; allowed: one a pair"
+                    )
+                if claim.transform == "log":
+                    if value <= 0:
+                        raise ClaimsError(
+                            f"claim {claim.id}: {claim.metric} = {value!r} in {record.name}; allowed with log: > 0"
+                        )
+                    value = math.log(value)
+                sides[side][key] = value
+    out: dict[tuple, list[float]] = defaultdict(list)
+    for key in sorted(set(sides["a"]) & set(sides["b"]), key=_order):
+        out[key[: len(claim.strata)]].append(sides["a"][key] - sides["b"][key])
+    return dict(out)
+
+
+def _order(key: tuple[str, ...]) -> tuple:
+    """Knob values in their natural order: numbers by value (1e-4 before 3e-4 before 1e-3)."""
+
+    def one(text: str) -> tuple:
+        try:
+            return (0, float(text), "")
+        except ValueError:
+            return (1, 0.0, text)
+
+    return tuple(one(t) for t in key)
+
+
+def _references(claim: Claim, directory: Path, runs: list[RunRecord]) -> tuple[float | None, float | None]:
+    """The start's and the teacher's value of the metric: the stage's references, else the first
+    stage's; the start's from the runs' `<metric>_start` where the references lack the metric."""
+    refs = load_references(directory)
+    if not refs:
+        stages = read_stages(directory.parent) or []
+        refs = load_references(directory.parent / stages[0]["name"]) if stages else {}
+    start = refs.get("start", {}).get(claim.metric)
+    if start is None:
+        own = [r.metrics[f"{claim.metric}_start"] for r in runs if f"{claim.metric}_start" in r.metrics]
+        start = float(np.mean(own)) if own else None
+    return start, refs.get("teacher", {}).get(claim.metric)
+
+
+def _untestable(claim: Claim, start, teacher, raw: list[float]) -> str | None:
+    """Why the claim's `testable` rule makes it not testable, or None."""
+    rule, fmt = claim.testable, _formatter(claim.metric, None)
+    if (
+        rule.margin is not None
+        and start is not None
+        and teacher is not None
+        and teacher - start < rule.margin
+    ):
+        lead = _formatter(claim.metric, None, signed=True)(rule.margin).lstrip("+")
+        return f"the teacher ({fmt(teacher)}) is not ahead of the start ({fmt(start)}) by {lead}"
+    if rule.floor is not None:
+        for who, v in (("start", start), ("teacher", teacher)):
+            if v is not None and v <= rule.floor:
+                return f"the {who} is at the floor ({fmt(v)} <= {fmt(rule.floor)})"
+        if raw and max(raw) <= rule.floor:
+            return f"every run is at the floor (<= {fmt(rule.floor)})"
+    if rule.ceiling is not None:
+        if start is not None and start >= rule.ceiling:
+            return f"the start is at the ceiling ({fmt(start)} >= {fmt(rule.ceiling)})"
+        if raw and min(raw) >= rule.ceiling:
+            return f"every run is at the ceiling (>= {fmt(rule.ceiling)})"
+    return None
+
+
+def _formatter(metric: str, transform: str | None, signed: bool = False):
+    if transform == "log":
+        return lambda v: f"×{math.exp(v):.3g}"
+    if is_share(metric):
+        return lambda v: f"{100 * v:+.1f} pp" if signed else f"{100 * v:.1f} %"
+    return lambda v: f"{v:+.3g}" if signed else f"{v:.3g}"
+
+
+def _resolution(claim: Claim) -> float:
+    """How finely the claim's bounds are printed: 0.1 pp for shares and ratios, else s / 10."""
+    return 0.001 if claim.transform == "log" or is_share(claim.metric) else claim.sesoi / 10
+
+
+def _rule(claim: Claim, lo: float, hi: float) -> str:
+    s = claim.sesoi
+    inside = -s <= lo and hi <= s
+    if claim.predicts == "none":
+        return "replicated" if inside else "contradicted" if lo > s or hi < -s else "unresolved"
+    up = claim.predicts == "increase"
+    if (lo > 0) if up else (hi < 0):
+        return "replicated"
+    if (hi < 0) if up else (lo > 0):
+        return "contradicted"
+    return "no effect" if inside else "unresolved"
+
+
+def _first_pass(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> Verdict:
+    directory = _stage_dir(claim.archive, sweep_dirs, claims.results)
+    baseline = _stage_dir(claim.baseline, sweep_dirs, claims.results) if claim.baseline else None
+    values = _values(claim, directory, baseline)
+    if not values:
+        return Verdict(claim, "no runs yet", f"no finished run of {claim.archive} has {claim.metric}")
+    strata = _pairs(claim, values)
+    if not strata:
+        return Verdict(claim, "no runs yet", "no pair of runs (side a and side b) yet")
+    runs = [r for r, _ in values]
+    start, teacher = _references(claim, directory, runs)
+    raw = [
+        r.metrics[claim.metric]
+        for r in runs
+        if _matches(r, claim.within) and (_matches(r, claim.a) or _matches(r, claim.b))
+    ]
+    groups = [np.array(d) for d in strata.values()]
+    est = estimate(groups, claims.level, _resolution(claim), seed=index)
+    per = [
+        (", ".join(k) or "all", estimate([g], claims.level, _resolution(claim), seed=index))
+        for k, g in zip(strata, groups)
+    ]
+    reason = _untestable(claim, start, teacher, raw)
+    return Verdict(
+        claim,
+        "not testable" if reason else "",
+        reason or "",
+        est,
+        strata=per,
+        groups=groups,
+        start=start,
+        teacher=teacher,
+    )
+
+
+def evaluate(claims: ClaimsFile, sweep_dirs: dict[str, Path] | None = None) -> list[Verdict]:
+    """Every claim's verdict; `sweep_dirs` maps a sweep name to its directory where it is not
+    `<results>/<name>` (a sweep reported before it is archived)."""
+    sweep_dirs = sweep_dirs or {}
+    verdicts = [_first_pass(c, i, claims, sweep_dirs) for i, c in enumerate(claims.claims)]
+    family = [v for v in verdicts if v.verdict != "not testable"]
+    p = [1.0 if v.estimate is None or math.isnan(v.estimate.p) else v.estimate.p for v in family]
+    alpha = 1 - claims.level
+    adjusted, levels = holm(p, alpha)
+    for v, p_adj, level in zip(family, adjusted, levels):
+        v.p_adjusted = p_adj
+        if v.estimate is None:
+            continue
+        index = claims.claims.index(v.claim)
+        if v.estimate.method == "none":
+            v.verdict, v.reason = "unresolved", "fewer than 2 pairs in every stratum: no interval"
+            continue
+        v.adjusted = estimate(v.groups, level, _resolution(v.claim), seed=index)
+        v.verdict = _rule(v.claim, v.adjusted.low, v.adjusted.high)
+        v.mde = minimum_detectable(v.adjusted.se, v.adjusted.df, level)
+        v.reason = _reason(v)
+    for v in verdicts:
+        if v.verdict == "not testable" and v.estimate is not None and v.estimate.se > 0:
+            v.mde = minimum_detectable(v.estimate.se, v.estimate.df, claims.level)
+    return verdicts
+
+
+def _reason(v: Verdict) -> str:
+    fmt = _formatter(v.claim.metric, v.claim.transform, signed=True)
+    if v.verdict == "unresolved":
+        where = (
+            "is neither within nor beyond" if v.claim.predicts == "none" else "includes 0 and is not within"
+        )
+        return f"the interval is {where} ±{_sesoi(v.claim)}; detectable at 80 % power: {fmt(v.mde)}"
+    if v.verdict == "replicated" and v.claim.predicts != "none":
+        small = -v.claim.sesoi <= v.adjusted.low and v.adjusted.high <= v.claim.sesoi
+        return f"but smaller than ±{_sesoi(v.claim)}" if small else ""
+    return ""
+
+
+def _sesoi(claim: Claim) -> str:
+    if claim.transform == "log":
+        return f"×{math.exp(claim.sesoi):.3g}"
+    return f"{100 * claim.sesoi:.1f} pp" if is_share(claim.metric) else f"{claim.sesoi:.3g}"

@@ -1,0 +1,227 @@
+"""The statistics behind the verdicts, on simulated data with known effects: coverage of the t,
+stratified and bootstrap intervals, bounds stable to 0.1 pp, Holm against a direct reading of its
+definition, variance-share intervals under a known null, and each verdict rule end to end on a
+small archive written here (plus the claims file's one-line errors)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distill.experiments.analysis import factor_importance
+from distill.experiments.claims import ClaimsError, load_claims
+from distill.experiments.intervals import estimate, holm
+from distill.experiments.verdicts import evaluate
+
+
+def _coverage(draw, truth, studies, **options):
+    rng = np.random.default_rng(0)
+    hits = 0
+    for k in range(studies):
+        est = estimate(draw(rng), seed=k, **options)
+        hits += est.low <= truth <= est.high
+    return hits / studies
+
+
+def test_t_interval_covers_below_ten_pairs():
+    cover = _coverage(lambda rng: [rng.normal(0.3, 1.0, size=4)], 0.3, 400)
+    assert cover == pytest.approx(0.95, abs=0.03)
+
+
+def test_stratified_t_interval_covers_the_equal_weight_mean():
+    # three learning rates with different effects and spreads (0.1 to 3): never pooled as noise
+    means, sds, sizes = (0.5, -1.0, 2.0), (0.1, 1.0, 3.0), (3, 2, 4)
+
+    def draw(rng):
+        return [rng.normal(m, s, size=n) for m, s, n in zip(means, sds, sizes)]
+
+    assert _coverage(draw, float(np.mean(means)), 300) == pytest.approx(0.95, abs=0.035)
+
+
+def test_bootstrap_interval_covers_from_ten_pairs():
+    cover = _coverage(lambda rng: [rng.normal(0.3, 1.0, size=12)], 0.3, 300, resolution=0.05)
+    assert cover == pytest.approx(0.95, abs=0.04)
+
+
+def test_bootstrap_bounds_are_stable_to_a_tenth_of_a_point():
+    rng = np.random.default_rng(1)
+    shares = [rng.normal(0.05, 0.04, size=10), rng.normal(0.02, 0.03, size=10)]  # accuracies' differences
+    runs = [estimate(shares, resolution=0.001, seed=s) for s in range(4)]
+    assert all(r.method == "bootstrap" and r.resamples > 2000 for r in runs)
+    for bound in ("low", "high"):
+        values = [100 * getattr(r, bound) for r in runs]
+        assert max(values) - min(values) < 0.1
+
+
+def _holm_direct(p, alpha):
+    """Reject H_i iff every hypothesis with a p-value at most p_i passes its step's threshold."""
+    m, order = len(p), sorted(range(len(p)), key=lambda i: p[i])
+    rank = {i: r for r, i in enumerate(order)}
+    return [all(p[j] <= alpha / (m - rank[j]) for j in range(m) if rank[j] <= rank[i]) for i in range(m)]
+
+
+def test_holm_matches_its_definition_and_its_levels_match_its_decisions():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        p = list(rng.uniform(0, 0.1, size=int(rng.integers(1, 8))) ** rng.uniform(1, 3))
+        for alpha in (0.01, 0.05, 0.1):
+            adjusted, levels = holm(p, alpha)
+            assert [a <= alpha for a in adjusted] == _holm_direct(p, alpha)
+    # a t interval at the level Holm tests a contrast excludes 0 exactly when Holm rejects it
+    studies = [[rng.normal(mu, 1.0, size=6)] for mu in (0.0, 0.4, 1.2, 2.0, 0.8)]
+    ests = [estimate(s) for s in studies]
+    adjusted, levels = holm([e.p for e in ests], 0.05)
+    for s, adj, level in zip(studies, adjusted, levels):
+        at = estimate(s, level)
+        assert (at.low > 0 or at.high < 0) == (adj <= 0.05)
+
+
+def test_variance_share_interval_covers_a_known_null():
+    # knob b has no effect: its true share is 0, which a percentile interval could never contain
+    hits, sims = 0, 150
+    for k in range(sims):
+        rng = np.random.default_rng(k)
+        rows = list(itertools.product(range(3), range(3), range(2)))
+        y = [0.5 * a + rng.normal() for a, _, _ in rows]
+        imp = factor_importance(y, {"a": [r[0] for r in rows], "b": [r[1] for r in rows]}, n_boot=200, seed=k)
+        hits += imp.factors["b"].low <= 0.0
+    assert hits / sims == pytest.approx(0.95, abs=0.04)
+
+
+# --- verdicts end to end ------------------------------------------------------------------------
+
+
+def _archive(root: Path, name: str, value, references=(0.2, 0.7), seeds=3):
+    """A sweep archive of mix {0, 1} x lr {1e-4, 1e-3} x seeds with metric `acc` = value(mix, lr, seed)."""
+    sweep = root / name
+    for mix, lr, seed in itertools.product((0, 1), (1e-4, 1e-3), range(seeds)):
+        run = sweep / f"lr={lr},mix={mix},seed={seed}"
+        run.mkdir(parents=True)
+        settings = {"mix": mix, "lr": lr, "seed": seed}
+        (run / "settings.json").write_text(json.dumps({"settings": settings}))
+        metrics = {"test/x/accuracy": value(mix, lr, seed)}
+        (run / "metrics.json").write_text(json.dumps({"status": "finished", "metrics": metrics}))
+    for kind, acc in zip(("start", "teacher"), references):
+        ref = sweep / "references" / kind
+        ref.mkdir(parents=True)
+        (ref / "test_metrics.json").write_text(json.dumps({"metrics": {"test/x/accuracy": acc}}))
+
+
+CLAIM = """
+  - id: {id}
+    claim: {id}
+    archive: {archive}
+    metric: test/x/accuracy
+    a: {{mix: 0}}
+    b: {{mix: 1}}
+    strata: [lr]
+    paired: [seed]
+    predicts: {predicts}
+    sesoi: 0.03
+    testable: {{margin: 0.1, floor: 0.02, ceiling: 0.98}}
+"""
+
+
+def _claims(tmp_path: Path, claims: list[tuple[str, str, str]]) -> Path:
+    path = tmp_path / "claims.yaml"
+    body = "".join(CLAIM.format(id=i, archive=a, predicts=p) for i, a, p in claims)
+    path.write_text(f"results: results\nclaims:{body}")
+    return path
+
+
+def test_each_verdict_rule(tmp_path):
+    results = tmp_path / "results"
+    noise = np.random.default_rng(0).normal(0, 0.004, size=(2, 2, 3))
+
+    def planted(effect):
+        return lambda mix, lr, seed: 0.4 + (effect if mix == 0 else 0.0) + noise[mix, int(lr > 5e-4), seed]
+
+    _archive(results, "up", planted(0.10))
+    _archive(results, "flat", planted(0.0))
+    _archive(
+        results, "noisy", lambda mix, lr, seed: 0.4 + 0.3 * np.random.default_rng(seed * 7 + mix).normal()
+    )
+    _archive(results, "floor", planted(0.0), references=(0.01, 0.7))
+    _archive(results, "no_lead", planted(0.10), references=(0.5, 0.55))
+    claims = [
+        ("replicated", "up", "increase"),
+        ("contradicted", "up", "decrease"),
+        ("no_effect", "flat", "increase"),
+        ("equal", "flat", "none"),
+        ("not_equal", "up", "none"),
+        ("unresolved", "noisy", "increase"),
+        ("at_floor", "floor", "increase"),
+        ("teacher_not_ahead", "no_lead", "increase"),
+        ("pending", "missing", "increase"),
+    ]
+    verdicts = {v.claim.id: v for v in evaluate(load_claims(_claims(tmp_path, claims)))}
+    expected = {
+        "replicated": "replicated",
+        "contradicted": "contradicted",
+        "no_effect": "no effect",
+        "equal": "replicated",
+        "not_equal": "contradicted",
+        "unresolved": "unresolved",
+        "at_floor": "not testable",
+        "teacher_not_ahead": "not testable",
+        "pending": "no runs yet",
+    }
+    assert {k: v.verdict for k, v in verdicts.items()} == expected
+    up = verdicts["replicated"]
+    assert up.estimate.point == pytest.approx(0.10, abs=0.01) and up.estimate.n == 6
+    assert [label for label, _ in up.strata] == ["1e-4", "1e-3"]  # numeric order, one per lr
+    assert up.adjusted.level > 0.95  # Holm: the family is every testable claim (and the pending one)
+    assert "the start is at the floor (1.0 % <= 2.0 %)" in verdicts["at_floor"].reason
+    assert "not ahead of the start (50.0 %) by 10.0 pp" in verdicts["teacher_not_ahead"].reason
+    assert (
+        math.isfinite(verdicts["unresolved"].mde)
+        and "detectable at 80 % power" in verdicts["unresolved"].reason
+    )
+
+
+def test_a_knob_left_undeclared_is_refused(tmp_path):
+    _archive(tmp_path / "results", "up", lambda mix, lr, seed: 0.4)
+    path = _claims(tmp_path, [("c", "up", "increase")])
+    path.write_text(path.read_text().replace("    strata: [lr]\n", ""))
+    with pytest.raises(ClaimsError, match="knob 'lr' of up varies but is not declared"):
+        evaluate(load_claims(path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("predicts: increase", "predicts: up"),
+            r"claims\[0\] \(c\)\.predicts: 'up' is not allowed; allowed: increase, decrease, none",
+        ),
+        (("sesoi: 0.03", "sesoi: 0"), r"\.sesoi: 0 is not allowed; allowed: a finite number > 0"),
+        (("b: {mix: 1}", "b: {lr: 1}"), "sides a {'mix': 0} and b {'lr': 1} are not allowed"),
+        (("paired: [seed]", "paired: [lr]"), "knob 'lr' is in both strata and paired"),
+        (("metric:", "metrc:"), "unknown key 'metrc'; allowed: id, claim"),
+    ],
+)
+def test_claims_file_errors_are_one_line(tmp_path, edit, message):
+    path = _claims(tmp_path, [("c", "up", "increase")])
+    path.write_text(path.read_text().replace(*edit))
+    with pytest.raises(ClaimsError, match=message) as err:
+        load_claims(path)
+    assert "\n" not in str(err.value)
+
+
+def test_docs_quote_the_generated_v2_verdict_table(capsys):
+    """docs/study.md quotes `distill report --claims experiments/claims/v2.yaml`; it does not retype it."""
+    from distill.experiments.report import main
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "study.md").read_text()
+    quoted = text.split("<!-- verdicts: experiments/claims/v2.yaml -->\n")[1].split(
+        "\n<!-- end verdicts -->"
+    )[0]
+    assert main(["--claims", str(root / "experiments" / "claims" / "v2.yaml")]) == 0
+    printed = capsys.readouterr().out.rstrip("\n")
+    assert quoted == printed.replace(str(root) + "/", "")
