@@ -49,6 +49,15 @@ def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_run
     assert sorted(p.name for p in (out / "plots").iterdir()) == sorted(
         p.name for p in (committed / "plots").iterdir()
     )
+    _same_verdicts(out, committed)
+
+
+def _same_verdicts(out: Path, committed: Path) -> None:
+    """The verdict table (experiments/claims/v2.yaml, named by the archive's sweep.json) regenerates too."""
+    for name in ("verdicts.md", "verdicts.json"):
+        assert (out / name).is_file() == (committed / name).is_file()
+        if (committed / name).is_file():
+            assert (out / name).read_text() == (committed / name).read_text()
 
 
 @pytest.mark.parametrize(
@@ -71,7 +80,9 @@ def test_committed_staged_report_regenerates(tmp_path, name, stages, chained):
         regenerated = (out / stage / "report.md").read_text().splitlines()
         expected = (committed / stage / "report.md").read_text().splitlines()
         assert regenerated[:2] + regenerated[3:] == expected[:2] + expected[3:]  # line 3: the directory read
+    _same_verdicts(out, committed)
     top = (committed / "report.md").read_text()
+    assert "## Verdicts: the declared claims" in top
     assert ("### mix=0 − mix=1 (on − off-policy) before and after" in top) is chained
     assert top.startswith(f"# Sweep report: {name} ({'chained stages' if chained else 'stages'})")
 
