@@ -68,7 +68,7 @@ def _interval(claim: Claim, est: Estimate | None) -> str:
     if est is None:
         return "—"
     point = _fmt(claim, est.point) + _unit(claim)
-    if not est.has_interval:
+    if not est.has_interval or est.se == 0:  # no spread: no interval, not a zero-width one
         return point
     return f"{point} [{_fmt(claim, est.low)}, {_fmt(claim, est.high)}]"
 
@@ -96,7 +96,7 @@ def _predicts(claim: Claim) -> str:
 
 
 def _method(est: Estimate | None) -> str:
-    if est is None or not est.has_interval:
+    if est is None or not est.has_interval or est.se == 0:
         return "—"
     how = "t" if est.method == "t" else f"bootstrap, {est.resamples:,} resamples"
     return f"{how}, {100 * est.level:.4g} %"

@@ -257,8 +257,13 @@ def evaluate(claims: ClaimsFile, sweep_dirs: dict[str, Path] | None = None) -> l
         if v.estimate is None:
             continue
         index = claims.claims.index(v.claim)
-        if v.estimate.method == "none":
-            v.verdict, v.reason = "unresolved", "fewer than 2 pairs in every stratum: no interval"
+        if v.estimate.method == "none" or v.estimate.se == 0:  # never a zero-width interval
+            why = (
+                "fewer than 2 pairs in every stratum"
+                if v.estimate.method == "none"
+                else "no spread between pairs"
+            )
+            v.verdict, v.reason = "unresolved", f"{why}: no interval"
             continue
         v.adjusted = estimate(v.groups, level, _resolution(v.claim), seed=index)
         v.verdict = _rule(v.claim, v.adjusted.low, v.adjusted.high)

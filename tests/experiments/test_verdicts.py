@@ -148,6 +148,7 @@ def test_each_verdict_rule(tmp_path):
     )
     _archive(results, "floor", planted(0.0), references=(0.01, 0.7))
     _archive(results, "no_lead", planted(0.10), references=(0.5, 0.55))
+    _archive(results, "exact", lambda mix, lr, seed: 0.5 if mix == 0 else 0.4)
     claims = [
         ("replicated", "up", "increase"),
         ("contradicted", "up", "decrease"),
@@ -158,6 +159,7 @@ def test_each_verdict_rule(tmp_path):
         ("at_floor", "floor", "increase"),
         ("teacher_not_ahead", "no_lead", "increase"),
         ("pending", "missing", "increase"),
+        ("no_spread", "exact", "increase"),
     ]
     verdicts = {v.claim.id: v for v in evaluate(load_claims(_claims(tmp_path, claims)))}
     expected = {
@@ -170,6 +172,7 @@ def test_each_verdict_rule(tmp_path):
         "at_floor": "not testable",
         "teacher_not_ahead": "not testable",
         "pending": "no runs yet",
+        "no_spread": "unresolved",  # every pair +0.1 exactly: no interval, not a zero-width one
     }
     assert {k: v.verdict for k, v in verdicts.items()} == expected
     up = verdicts["replicated"]
