@@ -1,5 +1,5 @@
-"""Per-GPU memory of a run, by component and phase: the arithmetic behind the README's memory tables
-(`python -m distill.memory` prints them), checked against the live tensor bytes of small models
+"""Per-GPU memory of a run, by component and phase: the arithmetic behind the memory tables of
+docs/gpus-and-memory.md (`python -m distill.memory` prints them), checked against the live tensor bytes of small models
 (tests/test_memory.py, with `distill.live_bytes.LiveTensorBytes`) and, on a GPU, by
 benchmarks/gpu_smoke.py. The models' shapes and the bytes of their parts: `distill.model_shapes`.
 
@@ -256,11 +256,11 @@ def estimate(run: Run) -> dict[str, dict[str, int]]:
     return {"components": c, "phases": phases}
 
 
-# --- the README's tables ----------------------------------------------------------------------------
+# --- the tables of docs/gpus-and-memory.md ------------------------------------------
 
 
 def paper_runs(student: Architecture, teacher: Architecture) -> dict[str, Run]:
-    """The README's columns: configs/paper/<pair>_base.yaml on 1 GPU (32 rows a step), the same on
+    """The tables' columns: configs/paper/<pair>_base.yaml on 1 GPU (32 rows a step), the same on
     MedReason (<pair>_medreason.yaml: 1,024 new tokens in training), and the base's global batch
     over N GPUs (llama_ddp.yaml, llama_fsdp.yaml: 32 / N rows per GPU); at the grid's largest
     rollout (mix 1: the teacher writes every row)."""
@@ -315,7 +315,7 @@ def table(runs: dict[str, Run]) -> str:
 
 
 def readme_tables() -> str:
-    """The README's memory tables (`python -m distill.memory` prints them)."""
+    """The memory tables of docs/gpus-and-memory.md (`python -m distill.memory` prints them)."""
     sections = (
         ("Llama-3.1-8B → Llama-3.2-1B", paper_runs(LLAMA_1B, LLAMA_8B)),
         ("Qwen2.5-7B → Qwen2.5-1.5B", paper_runs(QWEN_1_5B, QWEN_7B)),
