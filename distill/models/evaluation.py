@@ -7,7 +7,7 @@ import re
 import torch
 
 from distill.models.forward import causal_logits, eval_no_grad
-from distill.tasks import countdown, prior, tinysci
+from distill.tasks import countdown, prior, qa, tinysci
 
 
 def greedy_completions(
@@ -35,6 +35,32 @@ def countdown_eval(model, tokenizer, problems, max_new_tokens: int = 96) -> dict
     correct = [countdown.score(t, *p) for t, p in zip(texts, problems)]
     styled = [bool(re.search(countdown.STYLE_PATTERN, t)) for t in texts]
     return {"accuracy": sum(correct) / len(problems), "style_share": sum(styled) / len(problems)}
+
+
+def sampled_style_share(model, tokenizer, problems, max_new_tokens: int = 96, seed: int = 0) -> float:
+    """The share of seeded T=1 completions in the Spanish style: the model's probability of the
+    style, which the greedy share (`countdown_eval`) rounds to 0 or 1 per prompt."""
+    mask, out = sampled_completions(
+        model, tokenizer, [countdown.prompt(*p) for p in problems], max_new_tokens, seed
+    )
+    texts = tokenizer.batch_decode(out[:, mask.shape[1] :], skip_special_tokens=True)
+    return sum(bool(re.search(countdown.STYLE_PATTERN, t)) for t in texts) / len(problems)
+
+
+def tinysci_by_facts(model, tokenizer, n: int, seed: int = 0) -> dict[str, float]:
+    """Greedy accuracy on the knowledge domain's training pool split by the student's facts
+    (`tinysci.student_facts`): questions whose every fact its training stated (`own`), and those
+    with none of them (`other`); mixed questions are in neither."""
+    questions = tinysci.generate(n, seed, "train")
+    texts = greedy_completions(model, tokenizer, [tinysci.prompt(q) for q in questions], 64)
+    known, hits = tinysci.student_facts(), {"own": [], "other": []}
+    for q, text in zip(questions, texts):
+        inside = [fact in known for fact in q.steps]
+        if all(inside) or not any(inside):
+            hits["own" if all(inside) else "other"].append(
+                qa.score(text, list(q.options), qa.letter(q.answer_index))
+            )
+    return {part: sum(v) / len(v) for part, v in hits.items()}
 
 
 def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_tokens: int = 16) -> float:

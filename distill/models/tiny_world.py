@@ -48,7 +48,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from distill.models.tiny import char_tokenizer
-from distill.models.tiny_world_quality import V2_MEASURED, measure_family, measure_model, quality_key
+from distill.models.tiny_world_quality import measure_family, measure_model, quality_key
 from distill.models.tiny_world_recipes import COMMITTED, QUICK, V1, V2, V3, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, corpus_digest, duration, train_model
 from distill.runinfo import write_json_atomic
@@ -107,10 +107,18 @@ def world_of(model_dir: str | Path) -> dict | None:
 # --- building ------------------------------------------------------------------------------------
 
 
+def _model_json(model: ModelRecipe) -> dict:
+    record = json.loads(json.dumps(asdict(model)))
+    if record["style_rate"] == 1.0:  # the default, left out: records and stamps made before the field
+        del record["style_rate"]
+    return record
+
+
 def _recipe_json(recipe: Recipe) -> dict:
     record = json.loads(json.dumps(asdict(recipe)))
     if record["measured"] is None:  # v1/v2 (committed before the field): their records as built
         del record["measured"]
+    record["models"] = [[name, _model_json(model)] for name, model in recipe.models]
     return record
 
 
@@ -134,7 +142,7 @@ def _stamp(recipe: Recipe, name: str) -> dict:
     from, what each read (`corpus_digest`), the seed and the thread count."""
     chain, current = {}, name
     while current is not None:
-        chain[current] = json.loads(json.dumps(asdict(recipe.model(current))))
+        chain[current] = _model_json(recipe.model(current))
         current = recipe.model(current).init_from
     corpus = {m: corpus_digest(recipe.model(m), recipe.seed) for m in chain}
     return {"name": name, "models": chain, "corpus": corpus, "seed": recipe.seed, "threads": recipe.threads}
@@ -248,9 +256,7 @@ def build(
         quality[f"{quality_key(name)}_train_seconds"] = seconds
         models[name] = model
         log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
-        quality.update(
-            measure_model(model, tokenizer, name, recipe.eval_problems, log, recipe.measured or V2_MEASURED)
-        )
+        quality.update(measure_model(model, tokenizer, name, recipe.eval_problems, log, recipe.measured))
     quality.update(measure_family(models, tokenizer, recipe, log, quality))
     # Wall time of the whole build: this run's, plus the recorded training time of reused models.
     quality["build_seconds"] = round(time.time() - start + reused_seconds, 1)

@@ -6,7 +6,15 @@ each model reads another's text, the teacher's lead, the fine-tuned teachers' Co
 
 from __future__ import annotations
 
-from distill.models.evaluation import countdown_eval, fact_tokens, judge_nll, prior_accuracy, task_accuracy
+from distill.models.evaluation import (
+    countdown_eval,
+    fact_tokens,
+    judge_nll,
+    prior_accuracy,
+    sampled_style_share,
+    task_accuracy,
+    tinysci_by_facts,
+)
 from distill.models.tiny_world_recipes import Recipe
 from distill.models.tiny_world_train import Log
 from distill.tasks import countdown, prior, tinysci
@@ -21,16 +29,23 @@ def quality_key(name: str) -> str:
 V2_MEASURED = (("countdown3", 96), ("countdown4", 96))
 
 
-def measure_model(model, tokenizer, name: str, n: int, log: Log, measured=V2_MEASURED) -> dict:
+def measure_model(model, tokenizer, name: str, n: int, log: Log, measured=None) -> dict:
     """Greedy accuracy on `n` fresh problems of each `measured` (task, budget), each prior task and
-    both knowledge pools (`tinysci`), and the Countdown-3 style share."""
-    out = {}
-    for task, budget in measured:
+    both knowledge pools (`tinysci`), and the Countdown-3 style share. A recipe that names its
+    `measured` tasks (v3) also gets the style share of seeded T=1 completions (`_style_share_sampled`)
+    and the training pool's accuracy on the student's facts and on the others (`_tinysci_own_facts`,
+    `_tinysci_other_facts`)."""
+    out, graded = {}, measured is not None
+    for task, budget in measured or V2_MEASURED:
         if task == "countdown3":
             problems = countdown.generate(n, seed=0, difficulty_name=task)
             scores = countdown_eval(model, tokenizer, problems, budget)
             out[f"{quality_key(name)}_{task}"] = scores["accuracy"]
             out[f"{quality_key(name)}_style_share"] = scores["style_share"]
+            if graded:
+                out[f"{quality_key(name)}_style_share_sampled"] = sampled_style_share(
+                    model, tokenizer, problems, budget
+                )
         else:
             rows = get_task(task).rows(n, 0)
             out[f"{quality_key(name)}_{task}"] = task_accuracy(model, tokenizer, get_task(task), rows, budget)
@@ -42,6 +57,10 @@ def measure_model(model, tokenizer, name: str, n: int, log: Log, measured=V2_MEA
         out[f"{quality_key(name)}_{task}"] = task_accuracy(
             model, tokenizer, get_task(task), get_task(task).rows(n, 0)
         )
+    if graded:  # what a model knows of the student's facts and of the others
+        by_facts = tinysci_by_facts(model, tokenizer, n)
+        out[f"{quality_key(name)}_tinysci_own_facts"] = by_facts["own"]
+        out[f"{quality_key(name)}_tinysci_other_facts"] = by_facts["other"]
     log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 

@@ -37,6 +37,7 @@ class ModelRecipe:
     mixture: tuple[tuple[str, float], ...] = (("countdown3", 1.0),)
     style: str = "plain"
     init_from: str | None = None
+    style_rate: float = 1.0  # the share of Countdown rows written in `style` (the rest plain)
 
     def __post_init__(self):
         for task, weight in self.mixture:
@@ -46,6 +47,8 @@ class ModelRecipe:
                 raise ValueError(f"mixture weight of {task!r} must be >= 0, got {weight}")
         if self.style not in countdown.STYLES:
             raise ValueError(f"style must be one of {list(countdown.STYLES)}, got {self.style!r}")
+        if not 0 <= self.style_rate <= 1:
+            raise ValueError(f"style_rate must be in [0, 1], got {self.style_rate!r}")
 
 
 @dataclass(frozen=True)
@@ -234,10 +237,14 @@ V3 = Recipe(
     models=(
         ("teacher", ModelRecipe(**_V3_TEACHER, steps=10000, lr=1.5e-3, mixture=_V3_TEACHER_MIX)),
         ("student", ModelRecipe(**_V3_STUDENT, steps=2000, lr=3e-3, mixture=_V3_STUDENT_MIX)),
+        # Half of its Countdown rows in the Spanish style: a teacher whose style is a probability (0.5
+        # at T=1), so that a student's share can land anywhere between its own (0) and the teacher's
+        # (v2's teacher-es wrote it always, and every style run ended at 1.0: a switch).
         (
             "teacher-es",
             ModelRecipe(
-                **_V3_TEACHER, steps=1000, lr=5e-4, mixture=_V3_TEACHER_MIX, style="spanish", init_from="teacher"
+                **_V3_TEACHER, steps=1000, lr=5e-4, mixture=_V3_TEACHER_MIX, style="spanish", init_from="teacher",
+                style_rate=0.5,
             ),
         ),
         ("teacher-sci", ModelRecipe(**_V3_TEACHER, steps=2000, lr=1e-3, mixture=_V3_TEACHER_SCI_MIX, init_from="teacher")),
@@ -263,11 +270,14 @@ V3 = Recipe(
         Bar("teacher_lead_countdown3_large", 0.20),
         Bar("student_prior", 0.90),
         Bar("teacher_nll_on_student_format", high=1.0),
-        Bar("teacher_es_style_share", 0.95),
+        Bar("student_style_share_sampled", high=0.05),  # the student writes plain
+        Bar("teacher_es_style_share_sampled", 0.40, 0.60),
         Bar("teacher_es_countdown3_gap", high=0.05),
         Bar("teacher_sci_tinysci", 0.80),
         Bar("teacher_sci_countdown3_gap", high=0.05),
         Bar("student_sci_tinysci", 0.15, 0.45),
+        Bar("student_sci_tinysci_own_facts", 0.40),  # chance (0.25) + 15 points, on the facts it read
+        Bar("student_sci_tinysci_other_facts", high=0.30),  # at chance or below on the others
         Bar("student_sci_prior", 0.90),
         Bar("teacher_sci_nll_on_student_sci_format", high=1.0),
     ),

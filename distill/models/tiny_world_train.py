@@ -72,12 +72,23 @@ class MixtureStream(IterableDataset):
             rng.choices(range(len(tasks)), weights)
         while True:
             pools = [_chunk(t, 256, _chunk_seed(self.seed, chunk)) for t in tasks]
+            styles = _row_styles(r, self.seed, chunk)
             chunk += 1
             for i in range(256):
                 k = rng.choices(range(len(tasks)), weights)[0]
                 if i >= skip:
-                    yield _example(tasks[k], pools[k][i], r.style)
+                    yield _example(tasks[k], pools[k][i], styles[i])
             skip = 0
+
+
+def _row_styles(recipe: ModelRecipe, seed: int, chunk: int) -> list[str]:
+    """Each row's style in a chunk: `recipe.style`, or at `style_rate` < 1 that style for a seeded
+    share of the rows and plain for the rest (drawn from a stream of their own, so the task draws,
+    and every stream at rate 1, are unchanged)."""
+    if recipe.style_rate >= 1:
+        return [recipe.style] * 256
+    draws = random.Random(f"tiny-world-style/{seed}/{chunk}")
+    return [recipe.style if draws.random() < recipe.style_rate else "plain" for _ in range(256)]
 
 
 @functools.lru_cache(maxsize=32)

@@ -385,6 +385,11 @@ def test_a_v3_shaped_world_measures_its_variants_and_the_teachers_lead(tmp_path)
     quality = json.loads((tmp_path / "w" / "quality.json").read_text())
     for name in ("teacher", "student"):
         assert {f"{name}_countdown_chain", f"{name}_countdown3_large", f"{name}_style_share"} <= set(quality)
+        assert {
+            f"{name}_style_share_sampled",
+            f"{name}_tinysci_own_facts",
+            f"{name}_tinysci_other_facts",
+        } <= set(quality)
     lead = quality["teacher_countdown_chain"] - quality["student_countdown_chain"]
     assert quality["teacher_lead_countdown_chain"] == pytest.approx(lead)
     assert quality["recipe"]["measured"] == [
@@ -394,3 +399,68 @@ def test_a_v3_shaped_world_measures_its_variants_and_the_teachers_lead(tmp_path)
     ]
     assert "measured" not in tw._recipe_json(tw.V2)  # v2's record as committed
     assert tw.committed_build(V3) is None and tw.default_dir("v3").name == "tiny-world-v3"
+
+
+def test_a_style_rate_writes_that_share_of_the_rows_in_the_style_and_leaves_rate_one_unchanged():
+    """v3's teacher-es writes half of its Countdown rows in the Spanish style (a style that is a
+    probability, not a switch); the rate's own draws leave the task draws and every rate-1 stream,
+    stamp and record as they were."""
+    import dataclasses
+    import itertools
+
+    import distill.models.tiny_world as tw
+
+    def rows(recipe, n=2000):
+        return list(itertools.islice(iter(MixtureStream(recipe, tw.V2.seed)), n))
+
+    es = tw.V2.model("teacher-es")
+    half, full = rows(dataclasses.replace(es, style_rate=0.5)), rows(es)
+    assert [p for p, _ in half] == [p for p, _ in full]  # the same prompts in the same order
+    countdown_rows = [(h, f) for (p, h), (_, f) in zip(half, full) if p.startswith("Use")]
+    styled = [h == f for h, f in countdown_rows]  # a styled row is the rate-1 row exactly
+    assert all(h == f or "pues" not in h for h, f in countdown_rows)
+    share = sum(styled) / len(styled)
+    assert 0.45 < share < 0.55, share  # ~1,500 rows: 0.5 +- 3 standard errors
+    assert rows(dataclasses.replace(es, style_rate=1.0)) == full
+    assert "style_rate" not in tw._model_json(es)  # rate 1: left out, so older stamps still match
+    assert tw._model_json(tw.V3.model("teacher-es"))["style_rate"] == 0.5
+    assert tw._stamp(tw.V3, "teacher")["models"]["teacher"] == tw._model_json(tw.V3.model("teacher"))
+    with pytest.raises(ValueError, match=r"style_rate must be in \[0, 1\], got 1.5"):
+        dataclasses.replace(es, style_rate=1.5)
+
+
+def test_the_sampled_style_share_and_the_facts_split_count_what_the_model_writes(monkeypatch):
+    """`sampled_style_share` reads the decoded T=1 completions; `tinysci_by_facts` splits the
+    training pool into the student's facts and the others, and leaves mixed questions out."""
+    from distill.models import evaluation
+    from distill.tasks import countdown, tinysci
+
+    tok = char_tokenizer()
+    problems = countdown.generate(4, seed=0)
+    written = ["<think>pues 1+2=3</think>", "<think>1+2=3</think>", "<think>luego 4</think>", "x"]
+
+    def fake_samples(model, tokenizer, prompts, max_new_tokens, seed):
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+        new = tokenizer(written, return_tensors="pt", padding=True)["input_ids"]
+        return enc["attention_mask"], torch.cat([enc["input_ids"], new], dim=1)
+
+    monkeypatch.setattr(evaluation, "sampled_completions", fake_samples)
+    assert evaluation.sampled_style_share(None, tok, problems) == 0.5
+
+    known = tinysci.student_facts()
+    questions = tinysci.generate(300, 0, "train")
+
+    def answer_own_facts(model, tokenizer, prompts, max_new_tokens):
+        # right on questions wholly about the student's facts, a wrong option elsewhere
+        out = []
+        for q in questions:
+            right = all(f in known for f in q.steps)
+            option = q.options[q.answer_index if right else (q.answer_index + 1) % len(q.options)]
+            out.append(f"<answer>{option}</answer>")
+        return out
+
+    monkeypatch.setattr(evaluation, "greedy_completions", answer_own_facts)
+    split = evaluation.tinysci_by_facts(None, tok, 300)
+    assert split == {"own": 1.0, "other": 0.0}
+    own = sum(all(f in known for f in q.steps) for q in questions)
+    assert 0 < own < 300  # both parts are populated at this size
