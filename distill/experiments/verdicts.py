@@ -281,7 +281,7 @@ def _reason(v: Verdict) -> str:
         where = (
             "is neither within nor beyond" if v.claim.predicts == "none" else "includes 0 and is not within"
         )
-        return f"the interval is {where} ±{_sesoi(v.claim)}; detectable at 80 % power: {fmt(v.mde)}"
+        return f"the interval {where} ±{_sesoi(v.claim)}; detectable at 80 % power: {fmt(v.mde)}"
     if v.verdict == "replicated" and v.claim.predicts != "none":
         small = -v.claim.sesoi <= v.adjusted.low and v.adjusted.high <= v.claim.sesoi
         return f"but smaller than ±{_sesoi(v.claim)}" if small else ""
