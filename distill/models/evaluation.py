@@ -7,7 +7,7 @@ import re
 import torch
 
 from distill.models.forward import causal_logits, eval_no_grad
-from distill.tasks import countdown, prior, qa, tinysci
+from distill.tasks import countdown, prior, tinysci
 
 
 def greedy_completions(
@@ -47,19 +47,15 @@ def sampled_style_share(model, tokenizer, problems, max_new_tokens: int = 96, se
     return sum(bool(re.search(countdown.STYLE_PATTERN, t)) for t in texts) / len(problems)
 
 
-def tinysci_by_facts(model, tokenizer, n: int, seed: int = 0) -> dict[str, float]:
-    """Greedy accuracy on the knowledge domain's training pool split by the student's facts
-    (`tinysci.student_facts`): questions whose every fact its training stated (`own`), and those
-    with none of them (`other`); mixed questions are in neither."""
-    questions = tinysci.generate(n, seed, "train")
-    texts = greedy_completions(model, tokenizer, [tinysci.prompt(q) for q in questions], 64)
+def tinysci_by_facts(questions: list[tinysci.Question], scores: list[float]) -> dict[str, float]:
+    """Accuracy on knowledge-domain questions split by the student's facts (`tinysci.student_facts`):
+    the questions whose every fact its training stated (`own`), and those with none of them
+    (`other`); mixed questions are in neither. `scores` are the questions' own, in order."""
     known, hits = tinysci.student_facts(), {"own": [], "other": []}
-    for q, text in zip(questions, texts):
+    for q, score in zip(questions, scores, strict=True):
         inside = [fact in known for fact in q.steps]
         if all(inside) or not any(inside):
-            hits["own" if all(inside) else "other"].append(
-                qa.score(text, list(q.options), qa.letter(q.answer_index))
-            )
+            hits["own" if all(inside) else "other"].append(score)
     return {part: sum(v) / len(v) for part, v in hits.items()}
 
 
@@ -70,10 +66,15 @@ def prior_accuracy(model, tokenizer, examples: list[prior.Example], max_new_toke
     return sum(prior.score(t, e.task, e.query) for t, e in zip(texts, examples)) / len(examples)
 
 
-def task_accuracy(model, tokenizer, task, rows: list[dict], max_new_tokens: int = 64) -> float:
-    """Greedy accuracy on a registered task's rows, scored by the task itself (`task.score`)."""
+def task_scores(model, tokenizer, task, rows: list[dict], max_new_tokens: int = 64) -> list[float]:
+    """Each row's greedy score on a registered task, scored by the task itself (`task.score`)."""
     texts = greedy_completions(model, tokenizer, [row["prompt"] for row in rows], max_new_tokens)
-    return sum(task.score(t, row) for t, row in zip(texts, rows)) / len(rows)
+    return [task.score(t, row) for t, row in zip(texts, rows)]
+
+
+def task_accuracy(model, tokenizer, task, rows: list[dict], max_new_tokens: int = 64) -> float:
+    """Greedy accuracy on a registered task's rows (`task_scores`' mean)."""
+    return sum(task_scores(model, tokenizer, task, rows, max_new_tokens)) / len(rows)
 
 
 def sampled_completions(

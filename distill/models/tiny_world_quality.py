@@ -13,6 +13,7 @@ from distill.models.evaluation import (
     prior_accuracy,
     sampled_style_share,
     task_accuracy,
+    task_scores,
     tinysci_by_facts,
 )
 from distill.models.tiny_world_recipes import Recipe
@@ -54,13 +55,12 @@ def measure_model(model, tokenizer, name: str, n: int, log: Log, measured=None) 
     out[f"{quality_key(name)}_prior"] = min(per_task.values())
     # The knowledge domain: fresh questions of the training pool, and the held-out compositions.
     for task in tinysci.TASKS:
-        out[f"{quality_key(name)}_{task}"] = task_accuracy(
-            model, tokenizer, get_task(task), get_task(task).rows(n, 0)
-        )
-    if graded:  # what a model knows of the student's facts and of the others
-        by_facts = tinysci_by_facts(model, tokenizer, n)
-        out[f"{quality_key(name)}_tinysci_own_facts"] = by_facts["own"]
-        out[f"{quality_key(name)}_tinysci_other_facts"] = by_facts["other"]
+        scores = task_scores(model, tokenizer, get_task(task), get_task(task).rows(n, 0))
+        out[f"{quality_key(name)}_{task}"] = sum(scores) / n
+        if graded and task == "tinysci":  # the same answers, on the student's facts and the others
+            by_facts = tinysci_by_facts(tinysci.generate(n, 0, tinysci.TASKS[task]), scores)
+            out[f"{quality_key(name)}_tinysci_own_facts"] = by_facts["own"]
+            out[f"{quality_key(name)}_tinysci_other_facts"] = by_facts["other"]
     log(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 

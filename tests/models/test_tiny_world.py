@@ -449,18 +449,10 @@ def test_the_sampled_style_share_and_the_facts_split_count_what_the_model_writes
 
     known = tinysci.student_facts()
     questions = tinysci.generate(300, 0, "train")
-
-    def answer_own_facts(model, tokenizer, prompts, max_new_tokens):
-        # right on questions wholly about the student's facts, a wrong option elsewhere
-        out = []
-        for q in questions:
-            right = all(f in known for f in q.steps)
-            option = q.options[q.answer_index if right else (q.answer_index + 1) % len(q.options)]
-            out.append(f"<answer>{option}</answer>")
-        return out
-
-    monkeypatch.setattr(evaluation, "greedy_completions", answer_own_facts)
-    split = evaluation.tinysci_by_facts(None, tok, 300)
-    assert split == {"own": 1.0, "other": 0.0}
-    own = sum(all(f in known for f in q.steps) for q in questions)
+    own = [all(f in known for f in q.steps) for q in questions]
+    mixed = [any(f in known for f in q.steps) and not o for q, o in zip(questions, own)]
+    # right on the questions wholly about the student's facts and on the mixed ones, wrong elsewhere
+    scores = [float(o or m) for o, m in zip(own, mixed)]
+    assert evaluation.tinysci_by_facts(questions, scores) == {"own": 1.0, "other": 0.0}
+    own = sum(own)
     assert 0 < own < 300  # both parts are populated at this size
