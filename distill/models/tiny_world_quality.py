@@ -89,7 +89,7 @@ def measure_family(models: dict, tokenizer, recipe: Recipe, log: Log, measured: 
             for part, suffix in (("all", ""), ("format", "_format"), ("content", "_facts")):
                 out[base + suffix] = round(nll[part], 4)
     for task, _ in recipe.measured or ():  # v3: how far the teacher leads the student
-        if f"student_{quality_key(task)}" in measured and task != "countdown3":
+        if f"student_{quality_key(task)}" in measured:
             out[f"teacher_lead_{quality_key(task)}"] = round(
                 measured[f"teacher_{quality_key(task)}"] - measured[f"student_{quality_key(task)}"], 4
             )
