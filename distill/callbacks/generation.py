@@ -31,6 +31,16 @@ def datamodule_option(trainer, name: str, default):
     return getattr(hparams, name, default) if hparams is not None else default
 
 
+def eval_budget(trainer, task: str, default: int = 128) -> int:
+    """The datamodule's greedy evaluation budget for `task` (`data.eval_max_new_tokens`, one for all
+    tasks or one per task), or `default` without a datamodule that has one."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if hasattr(datamodule, "eval_budget"):
+        return datamodule.eval_budget(task)
+    value = datamodule_option(trainer, "eval_max_new_tokens", default)
+    return value if isinstance(value, int) else max(value.values())
+
+
 def student_rollouts(
     trainer,
     pl_module,

@@ -10,7 +10,7 @@ import lightning as L
 
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import (
-    datamodule_option,
+    eval_budget,
     log_scalars,
     rank_share,
     student_rollouts,
@@ -144,7 +144,7 @@ class StyleProbe(L.Callback):
     def share(self, trainer, pl_module, temperature: float = 0.0, samples: int = 1) -> float:
         """The current share over the probe's prompts, greedy or over `samples` seeded draws per
         prompt at `temperature` (each rank rolls out its `rank_share`)."""
-        budget = self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128)
+        budget = self.max_new_tokens or eval_budget(trainer, self.task)
         sampler = RolloutSampler(mix=0.0, max_new_tokens=budget, temperature=temperature)
         rows = [row for row in self.rows for _ in range(samples)]
         seed = None if temperature == 0 else ROWS_SEED

@@ -8,6 +8,7 @@ import lightning as L
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import (
     datamodule_option,
+    eval_budget,
     next_token_logits,
     rank_share,
     student_rollouts,
@@ -47,7 +48,8 @@ class TaskEvaluation(L.Callback):
         num_samples: samples n per problem (>= every k).
         ks: the k of each pass@k, each in [1, num_samples].
         temperature: sampling temperature (> 0; no top-k/top-p filtering).
-        max_new_tokens: completion budget; None: the datamodule's `eval_max_new_tokens` (else 128).
+        max_new_tokens: completion budget; None: the datamodule's `eval_max_new_tokens` for the task
+            (else 128).
         every_n_validations: evaluate at every N-th validation run of fit (sanity checks skipped).
         on_test: also evaluate at the end of `trainer.test`.
         batch_size: sequences per sampling call, rounded down to whole problems (at least one);
@@ -130,13 +132,13 @@ class TaskEvaluation(L.Callback):
         return out
 
     def _run(self, trainer, pl_module, split: str) -> None:
-        sampler = RolloutSampler(
-            mix=0.0,
-            max_new_tokens=self.max_new_tokens or datamodule_option(trainer, "eval_max_new_tokens", 128),
-            temperature=self.temperature,
-        )
         batch_size = self.batch_size or datamodule_option(trainer, "eval_batch_size", 256)
         for name, rows in self._problems(trainer, split):
+            sampler = RolloutSampler(
+                mix=0.0,
+                max_new_tokens=self.max_new_tokens or eval_budget(trainer, name),
+                temperature=self.temperature,
+            )
             with gathered(pl_module.student):  # under FSDP: one gather per task, same on every rank
                 values = self.evaluate(trainer, pl_module, get_task(name), rows, sampler, batch_size)
             for key, value in values.items():

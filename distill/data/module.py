@@ -51,6 +51,27 @@ def _rows(task, n: int, seed: int, part: str) -> list[dict]:
     return task.rows(n, seed=seed)
 
 
+def _eval_budgets(value, tasks) -> dict[str, int]:
+    """`data.eval_max_new_tokens` as a budget per evaluated task: one integer for all, or a mapping
+    that names every task (a longer task needs a longer budget; a short one should not pay for it)."""
+    names = list(dict.fromkeys(t.name for t in tasks))
+    if not isinstance(value, dict):
+        n = check_int("data.eval_max_new_tokens", value, 1)
+        return dict.fromkeys(names, n) or {"": n}
+    if not value:
+        raise ValueError(
+            "data.eval_max_new_tokens must be an integer >= 1 or a non-empty {task: budget} mapping"
+        )
+    budgets = {str(k): check_int(f"data.eval_max_new_tokens.{k}", v, 1) for k, v in value.items()}
+    missing = [n for n in names if n not in budgets]
+    if missing:
+        raise ValueError(
+            f"data.eval_max_new_tokens names no budget for the evaluated task(s) {missing}; "
+            f"it names {sorted(budgets)}: give every validation and test task a budget"
+        )
+    return budgets
+
+
 class RolloutDataModule(L.LightningDataModule):
     """Prompts of a task and the rollout-policy knob.
 
@@ -77,7 +98,9 @@ class RolloutDataModule(L.LightningDataModule):
         test_size: prompts per test task.
         val_tasks: tasks evaluated during validation (greedy accuracy, logged per task).
         test_tasks: tasks evaluated by `test` (Countdown-3 and the harder variants by default).
-        eval_max_new_tokens: completion budget of evaluation generations.
+        eval_max_new_tokens: completion budget of evaluation generations: one for every task, or a
+            budget per task (`{countdown3: 96, countdown_chain: 192}`), which must then name every
+            validation and test task (`eval_budget`: a task it does not name gets its largest).
         tokenizer: tokenizer path; None takes the LightningModule's (`model.student`'s) tokenizer.
         chat_template: wrap prompts in the tokenizer's chat template (instruct hub models).
         chat_template_kwargs: extra variables for the chat template, e.g. `{date_string: 26 Jul 2024}`
@@ -115,7 +138,7 @@ class RolloutDataModule(L.LightningDataModule):
         test_size: int = 500,
         val_tasks: list[str] | None = None,
         test_tasks: list[str] | None = None,
-        eval_max_new_tokens: int = 128,
+        eval_max_new_tokens: int | dict[str, int] = 128,
         tokenizer: str | None = None,
         chat_template: bool = False,
         chat_template_kwargs: dict | None = None,
@@ -132,7 +155,6 @@ class RolloutDataModule(L.LightningDataModule):
             "group_size",
             "eval_batch_size",
             "train_size",
-            "eval_max_new_tokens",
         ):
             check_int(f"data.{name}", getattr(self.hparams, name), 1)
         for name in ("val_size", "test_size"):
@@ -158,9 +180,11 @@ class RolloutDataModule(L.LightningDataModule):
             )
         except ValueError as err:
             raise ValueError(f"data.{err}") from None
-        self.eval_sampler = RolloutSampler(
-            mix=0.0, granularity="sequence", max_new_tokens=eval_max_new_tokens, temperature=0.0
-        )
+        self.eval_budgets = _eval_budgets(eval_max_new_tokens, self.val_tasks + self.test_tasks)
+        self.eval_samplers = {  # one greedy sampler per budget
+            n: RolloutSampler(mix=0.0, granularity="sequence", max_new_tokens=n, temperature=0.0)
+            for n in sorted(set(self.eval_budgets.values()))
+        }
         self.tokenizer = None
         self._reuse: tuple[int, dict] | None = None
         # Where training stands, for exact resume: the epoch and the prompt batches consumed in it
@@ -179,7 +203,8 @@ class RolloutDataModule(L.LightningDataModule):
         )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
         self.sampler.use_tokenizer(self.tokenizer)
-        self.eval_sampler.use_tokenizer(self.tokenizer)
+        for sampler in self.eval_samplers.values():
+            sampler.use_tokenizer(self.tokenizer)
         seed, h = self.hparams.seed, self.hparams
         world, _ = self._ranks()
         for name in ("val_size", "test_size"):  # a rank without prompts would miss the figures' sync
@@ -327,15 +352,21 @@ class RolloutDataModule(L.LightningDataModule):
             out = {"rollout": rollout, "rows": batch["rows"], "task": self.task.name, "group_size": g}
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
             return {**out, "reused": False}
-        tasks = self.test_tasks if trainer.testing else self.val_tasks
-        rollout = self.eval_sampler.sample(
+        task = (self.test_tasks if trainer.testing else self.val_tasks)[dataloader_idx]
+        sampler = self.eval_samplers[self.eval_budget(task.name)]
+        rollout = sampler.sample(
             module.student,
-            self._teacher(module, self.eval_sampler),
+            self._teacher(module, sampler),
             batch["input_ids"],
             batch["attention_mask"],
             **self._teacher_prompt(batch),
         )
-        return {"rollout": rollout, "rows": batch["rows"], "task": tasks[dataloader_idx].name}
+        return {"rollout": rollout, "rows": batch["rows"], "task": task.name}
+
+    def eval_budget(self, task: str) -> int:
+        """The greedy budget of an evaluation of `task` (a task the mapping does not name, e.g. a
+        callback's own, gets the largest)."""
+        return self.eval_budgets.get(task, max(self.eval_budgets.values()))
 
     @staticmethod
     def _teacher_prompt(batch: dict) -> dict:
