@@ -30,7 +30,9 @@ class GradientStats(L.Callback):
     are taken over the real vocabulary (the logits the divergence sees).
 
     `summary()` gives run means: token-weighted over all measured steps for the logit norms, the
-    mean over measured steps for `grad/param_norm`.
+    mean over measured steps for `grad/param_norm`, and, when the module clips
+    (`model.gradient_clip_val`), `grad/clip_share`: the share of measured steps whose norm exceeded
+    the clip, i.e. how often clipping changed the update.
 
     Args:
         every_n_steps: measure every N optimiser steps (the hook is idle on other steps).
@@ -42,7 +44,8 @@ class GradientStats(L.Callback):
         self.active = False
         self._reset_step()
         # Run totals: squared-norm sums and token counts per split, and param-norm sum and count.
-        self.totals = {"sq": [0.0, 0.0, 0.0], "count": [0, 0, 0], "param_norm": 0.0, "steps": 0}
+        self.totals = {"sq": [0.0, 0.0, 0.0], "count": [0, 0, 0], "param_norm": 0.0, "steps": 0, "clipped": 0}
+        self.clip: float | None = None
 
     def _reset_step(self) -> None:
         self.step_sq: Tensor | None = None  # [3] sums of squared norms (all, teacher, student)
@@ -76,6 +79,7 @@ class GradientStats(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.logit_grad_sink = self
+        self.clip = getattr(getattr(pl_module, "hparams", None), "gradient_clip_val", None) or None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Armed for the whole batch when one of its optimiser steps is a multiple of N (a GRPO batch
@@ -102,6 +106,9 @@ class GradientStats(L.Callback):
             metrics["grad/param_norm"] = step.grad_norm
             self.totals["param_norm"] += metrics["grad/param_norm"]
             self.totals["steps"] += 1
+            self.totals["clipped"] = self.totals.get("clipped", 0) + int(
+                self.clip is not None and step.grad_norm > self.clip
+            )
         self._reset_step()
         log_scalars(trainer, metrics)
 
@@ -125,6 +132,8 @@ class GradientStats(L.Callback):
         }
         if t["steps"]:
             out["grad/param_norm"] = t["param_norm"] / t["steps"]
+            if self.clip is not None:
+                out["grad/clip_share"] = t.get("clipped", 0) / t["steps"]
         return out
 
     def state_dict(self) -> dict:

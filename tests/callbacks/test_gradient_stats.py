@@ -89,6 +89,26 @@ def test_split_without_tokens_is_skipped_and_interval_is_respected(fake_trainer,
     )
 
 
+@pytest.mark.parametrize(("clip", "expected"), [(1.0, 0.5), (None, None)])
+def test_clip_share_counts_the_steps_whose_norm_exceeded_the_clip(clip, expected, fake_trainer, fake_module):
+    """How often clipping changed the update: 2 of 4 measured steps exceed a clip of 1.0 (1.0 itself
+    does not); a module that does not clip reports no share."""
+    from types import SimpleNamespace
+
+    cb, trainer, module = GradientStats(), fake_trainer(), fake_module(None)
+    module.hparams = SimpleNamespace(gradient_clip_val=clip)
+    cb.on_train_start(trainer, module)
+    for step, norm in enumerate([0.5, 2.0, 1.0, 1.5]):
+        trainer.global_step = step
+        cb.on_train_batch_start(trainer, module, None, 0)
+        cb.on_train_batch_end(trainer, module, outputs(norm), None, 0)
+    assert cb.summary().get("grad/clip_share") == expected
+    resumed = GradientStats()
+    resumed.load_state_dict(cb.state_dict())
+    resumed.on_train_start(trainer, module)
+    assert resumed.summary() == cb.summary()
+
+
 def test_totals_survive_resume():
     cb = GradientStats()
     cb.totals = {"sq": [2.0, 1.0, 1.0], "count": [4, 2, 2], "param_norm": 3.0, "steps": 2}
