@@ -33,52 +33,52 @@ test-fast: $(READY) ## unit tests only (skips tests marked slow)
 lint: $(READY) ## ruff
 	$(BIN)/ruff check distill tests benchmarks
 
-tiny-world: $(READY) ## install the CPU tiny world v2 (teacher, student, teacher-es, teacher-sci, student-sci) from its committed build
-	$(BIN)/distill tiny-world
+tiny-world: $(READY) ## install the CPU tiny world v2 (teacher, student, teacher-es, teacher-sci, student-sci; `tiny-world-v2:` names, configs/tiny_v2) from its committed build
+	$(BIN)/distill tiny-world --version v2
 
 bench: $(READY) ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
 	$(BIN)/python benchmarks/losses.py
 
-bench-decode: $(READY) ## decode benchmark on the tiny world: seeded vs unseeded sampler vs generate(), token mixing, compiled decoding (needs make tiny-world)
+bench-decode: $(READY) ## decode benchmark on tiny world v2: seeded vs unseeded sampler vs generate(), token mixing, compiled decoding (needs make tiny-world)
 	$(BIN)/python benchmarks/decode.py
 
-bench-step: $(READY) ## step benchmark on the tiny world: distill vs TRL GKD vs a bare loop, on/off-policy (installs the bench extra: TRL)
-	$(BIN)/distill tiny-world
+bench-step: $(READY) ## step benchmark on tiny world v2: distill vs TRL GKD vs a bare loop, on/off-policy (installs the bench extra: TRL)
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/pip install -e '.[bench]'
 	$(BIN)/python benchmarks/step.py
 
 bench-memory: $(READY) ## memory benchmark: peak of a distillation step and an evaluation, full logits vs lean, V = 32k/128k/152k
 	$(BIN)/python benchmarks/memory.py
 
-demo: $(READY) ## tiny world (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
-	$(BIN)/distill tiny-world
+demo: $(READY) ## tiny world v2 (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/demo.yaml --jobs 2
 	$(BIN)/distill report experiments/runs/demo
 	@echo "report: experiments/runs/demo/report/report.md"
 
 sweep-tiny: $(READY) ## the study's main grid on tiny world v2 (60 runs + references; measured 1 h 45 min of runs with 2 jobs on 2 idle cores, resumable), archived in experiments/results/tiny_grid
-	$(BIN)/distill tiny-world
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/tiny_grid.yaml --jobs 2 --archive experiments/results/tiny_grid
 	$(BIN)/distill report experiments/results/tiny_grid
 	@echo "report: experiments/results/tiny_grid/report/report.md"
 
 sweep-robustness: $(READY) ## the three robustness checks: no clipping, top-k KL, long-chain training (36 runs; measured about 3.3 h with 2 jobs on 2 cores, resumable), archived in experiments/results/tiny_robustness
-	$(BIN)/distill tiny-world
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/tiny_robustness.yaml --jobs 2 --archive experiments/results/tiny_robustness
 	$(BIN)/distill report experiments/results/tiny_robustness
 
 sweep-style: $(READY) ## style transfer from teacher-es: {forward, reverse} x mix {0, 0.5, 1} x 2 seeds (12 runs; measured 72 min on 2 cores)
-	$(BIN)/distill tiny-world
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/tiny_style.yaml --jobs 2 --archive experiments/results/tiny_style
 	$(BIN)/distill report experiments/results/tiny_style
 
 sweep-rlvr: $(READY) ## distil then GRPO: {forward, reverse} x mix {0, 1} x 2 seeds, before/after on the harder variants (16 runs; measured 50 min on 2 cores)
-	$(BIN)/distill tiny-world
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/tiny_rlvr.yaml --jobs 2 --archive experiments/results/tiny_rlvr
 	$(BIN)/distill report experiments/results/tiny_rlvr
 
 sweep-sci: $(READY) ## the knowledge domain: teacher-sci -> student-sci, mix {0, 0.5, 1} x {forward, reverse} x lr {3e-4, 1e-3} x 2 seeds (24 runs; measured about 15 min a run with 2 jobs on 2 cores, about 2.5 h in all; resumable), archived in experiments/results/tiny_sci
-	$(BIN)/distill tiny-world
+	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/tiny_sci.yaml --jobs 2 --archive experiments/results/tiny_sci
 	$(BIN)/distill report experiments/results/tiny_sci
 

@@ -3,8 +3,8 @@
 Run:  .venv/bin/python benchmarks/decode.py             # tiny world, B=32, 96 new tokens (~1 minute)
       .venv/bin/python benchmarks/decode.py --rounds 3  # fewer rounds
 
-Models: the installed tiny world (`distill tiny-world`): its student and teacher, loaded with
-`AutoModelForCausalLM.from_pretrained`. Prompts: the first B countdown3 problems
+Models: the installed tiny world v2 (`distill tiny-world --version v2`; `--world` names another): its
+student and teacher, loaded with `AutoModelForCausalLM.from_pretrained`. Prompts: the first B countdown3 problems
 (`distill.tasks.countdown.generate(B, seed=0)`), left-padded. Every variant samples at temperature 1
 with no top-k/top-p, up to 96 new tokens, stopping rows at EOS like `generate` does:
 
@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from distill.models.tiny_world_names import default_dir
 from distill.rollout import RolloutSampler
 from distill.rollout.compiled import compile_decoding
 from distill.rollout.decoding import choose_tokens
@@ -137,7 +138,12 @@ def sampling_only(batch: int, vocab: int, steps: int, rounds: int) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=Path, default=Path("~/.cache/distill/tiny-world").expanduser())
+    parser.add_argument(
+        "--world",
+        type=Path,
+        default=default_dir("v2"),
+        help="a tiny world's folder (default: v2's, `distill tiny-world --version v2`: RESULTS.md's figures)",
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=7, help="timed interleaved rounds (after 1 warm-up)")

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from distill.models.tiny_world_names import default_dir
 from distill.tasks import countdown
 
 EOS, PAD = 2, 0
@@ -332,7 +333,12 @@ def have_trl() -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=Path, default=Path("~/.cache/distill/tiny-world").expanduser())
+    parser.add_argument(
+        "--world",
+        type=Path,
+        default=default_dir("v2"),
+        help="a tiny world's folder (default: v2's, `distill tiny-world --version v2`: RESULTS.md's figures)",
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--steps", type=int, default=12, help="optimiser steps per run")

@@ -21,7 +21,7 @@ USAGE = (
     "  fit/validate/test  LightningCLI (distill fit --help)\n"
     "  sweep SPEC         run a grid of fits (distill sweep --help)\n"
     "  report DIR         tables, plots and factor analysis of a sweep\n"
-    "  tiny-world         install or build the CPU tiny world (v2: teacher, student, teacher-es, teacher-sci, student-sci; --version v1)\n"
+    "  tiny-world         install or build the CPU tiny world (teacher, student, teacher-es, teacher-sci, student-sci; --version v3, v2, v1)\n"
 )
 
 

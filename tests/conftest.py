@@ -46,17 +46,25 @@ def tiny_student(char_tok):
 
 @pytest.fixture(scope="session")
 def quick_world(tmp_path_factory):
-    """A `--quick` tiny world (random-quality, built in seconds), shared by the whole session."""
-    from distill.models.tiny_world import QUICK, build
+    """A `--quick` tiny world (random-quality, built in seconds), shared by the whole session, in
+    the default version's cache folder (`tiny-world-v3`); the other versions' folders
+    (`tiny-world-v2`, `-v1`) link to it, so that configs of every version resolve."""
+    from distill.models.tiny_world import QUICK, VERSIONS, build
+    from distill.models.tiny_world_names import DEFAULT_VERSION, folder
 
-    out = tmp_path_factory.mktemp("cache") / "tiny-world"
+    cache = tmp_path_factory.mktemp("cache")
+    out = cache / folder(DEFAULT_VERSION)
     build(out, QUICK)
+    for version in VERSIONS:
+        if version != DEFAULT_VERSION:
+            (cache / folder(version)).symlink_to(out, target_is_directory=True)
     return out
 
 
 @pytest.fixture
 def tiny_world_cache(quick_world, monkeypatch):
-    """Point $DISTILL_CACHE at the quick world, so `tiny-world:teacher` and configs/tiny resolve."""
+    """Point $DISTILL_CACHE at the quick world, so `tiny-world:teacher` (and `tiny-world-v2:`, ...)
+    and configs/tiny resolve."""
     monkeypatch.setenv("DISTILL_CACHE", str(quick_world.parent))
     return quick_world
 

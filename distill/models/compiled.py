@@ -1,9 +1,9 @@
 """Compiled forward passes: `torch.compile` for a model's scoring and training forwards.
 
 The modules' `compile_forwards` / `compile_decoding` flags are off in the Python API and on in the
-shipped configs (`configs/tiny`, `configs/paper`); `DISTILL_COMPILE=0` in the environment runs every
-model eagerly whatever the config says (`compile_flags`; the test suite sets it, so that tests do
-not pay a compile each).
+shipped configs (`configs/tiny`, `configs/tiny_v2`, `configs/paper`); `DISTILL_COMPILE=0` in the
+environment runs every model eagerly whatever the config says (`compile_flags`; the test suite sets
+it, so that tests do not pay a compile each).
 
 `compile_forwards(model)` marks a Hugging Face causal LM so that `distill.models.forward.causal_logits`
 (every full-sequence pass: the distillation step's student forward + backward and teacher

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from distill.checks import check_choice
+from distill.models import tiny_world_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,25 +27,26 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or os.path.isdir(path) or path.count("/") > 1
 
 
-# `tiny-world:NAME` is a model of the current tiny world (v2); `tiny-world-v1:NAME` of v1.
-TINY_WORLD_PREFIXES = {"tiny-world:": "v2", "tiny-world-v1:": "v1"}
-
-
 def check_model_path(path: str, field: str) -> str:
     """Fail fast, before any model is loaded: a local path must be a model directory; a hub id must
-    be `org/name` (and, with HF_HUB_OFFLINE=1, already in the local cache). `tiny-world:NAME` is
-    `NAME` in the tiny world's folder ($DISTILL_CACHE/tiny-world), `tiny-world-v1:NAME` in v1's
-    ($DISTILL_CACHE/tiny-world-v1). Returns the resolved path."""
+    be `org/name` (and, with HF_HUB_OFFLINE=1, already in the local cache). `tiny-world-vN:NAME` is
+    `NAME` in version vN's folder ($DISTILL_CACHE/tiny-world-vN), `tiny-world:NAME` in the default
+    version's (`tiny_world_names`). Returns the resolved path."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"{field} must be a local model directory or a hub id like 'org/name', got {path!r}")
     hint = ""
-    for prefix, version in TINY_WORLD_PREFIXES.items():
-        if path.startswith(prefix):
-            from distill.models.tiny_world import default_dir
-
-            flag = "" if version == "v2" else f" --version {version}"
-            hint = f" (run `distill tiny-world{flag}` first)"
-            path = str(default_dir(version) / path[len(prefix) :])
+    world = tiny_world_names.split_name(path)
+    if world is not None:
+        version, name = world
+        flag = "" if path.startswith("tiny-world:") else f" --version {version}"
+        hint = f" (run `distill tiny-world{flag}` first)"
+        legacy = tiny_world_names.cache_root() / tiny_world_names.LEGACY_FOLDER
+        if path.startswith("tiny-world:") and legacy.is_dir():
+            hint += (
+                f"; {legacy} is a v2 build under the old folder name, not read: "
+                f"`tiny-world:` is {version}, v2 is `tiny-world-v2:{name}`"
+            )
+        path = str(tiny_world_names.default_dir(version) / name)
     if looks_local(path):
         local = Path(path).expanduser()
         if not (local / "config.json").is_file():

@@ -1,23 +1,32 @@
 """`distill tiny-world`: build the CPU model organism, a small family of char-level Llama models.
 
-v2 (the default, `tiny-world:NAME`): `teacher` and `student` learn from one shared corpus written
-in one plain style (Countdown-3 and -4 solutions, addition, reversal), as a hub model family is
-pretrained on the same text. The teacher is larger and trained longer on Countdown; the student is
-smaller, weak at Countdown and good at its prior abilities. Because the teacher has seen text like
-the student's, it is a sensible judge of whatever the student writes. `teacher-es` is the teacher
-briefly fine-tuned to reason with Spanish connectives, for the style-transfer experiment only.
-`teacher-sci` and `student-sci` are the pair fine-tuned on the knowledge domain
+Each version has its own folder, `$DISTILL_CACHE/tiny-world-VERSION`, and configs name its models
+`tiny-world-VERSION:NAME`; `tiny-world:NAME` is the default version's (`tiny_world_names`).
+
+v3 (the default): a teacher competent on the held-out harder variants and the long chain, a student
+off the floor there, a `teacher-es` whose style is a probability. Its build is not committed yet
+(issue 29): `distill tiny-world` stops with a message instead of training it for hours.
+
+v2 (`tiny-world-v2:NAME`, `--version v2`): `teacher` and `student` learn from one shared corpus
+written in one plain style (Countdown-3 and -4 solutions, addition, reversal), as a hub model
+family is pretrained on the same text. The teacher is larger and trained longer on Countdown; the
+student is smaller, weak at Countdown and good at its prior abilities. Because the teacher has seen
+text like the student's, it is a sensible judge of whatever the student writes. `teacher-es` is the
+teacher briefly fine-tuned to reason with Spanish connectives, for the style-transfer experiment
+only. `teacher-sci` and `student-sci` are the pair fine-tuned on the knowledge domain
 (`distill.tasks.tinysci`, questions about made-up creatures): the teacher on every fact, the
-student on about a quarter of them, both still practising Countdown and the prior abilities.
+student on about a quarter of them, both still practising Countdown and the prior abilities. The
+study archived under experiments/results/ ran on v2.
 
 v1 (`tiny-world-v1:NAME`, `--version v1`): the first organism, whose teacher only ever wrote the
 Spanish style. It could not judge the student's plain text, and distillation made the student
 worse in 59 of 60 runs (experiments/LOG.md); it stays as the mismatched-teacher variant.
 
-    distill tiny-world                       # v2 into $DISTILL_CACHE/tiny-world (seconds: committed build)
+    distill tiny-world --version v2          # v2 into $DISTILL_CACHE/tiny-world-v2 (seconds: committed build)
     distill tiny-world --version v1          # v1 into $DISTILL_CACHE/tiny-world-v1
-    distill tiny-world --force               # retrain v2 (46 min on 2 AVX2 cores; resumes if cut short)
-    distill tiny-world --verify              # retrain in a temporary folder, compare every tensor
+    distill tiny-world --version v3          # train v3 into $DISTILL_CACHE/tiny-world-v3 (hours; resumes if cut short)
+    distill tiny-world --version v2 --force  # retrain v2 (46 min on 2 AVX2 cores; resumes if cut short)
+    distill tiny-world --version v2 --verify # retrain in a temporary folder, compare every tensor
     distill tiny-world --quick --out /tmp/tw # a low-quality world in under a minute (tests)
 
 Every model is trained with Lightning from a fixed seed, saved with `save_pretrained` beside the
@@ -48,6 +57,13 @@ import torch
 from transformers import LlamaForCausalLM
 
 from distill.models.tiny import char_tokenizer
+from distill.models.tiny_world_names import (
+    DEFAULT_VERSION,
+    LEGACY_FOLDER,
+    assets_dir,
+    cache_root,
+    default_dir,
+)
 from distill.models.tiny_world_quality import measure_family, measure_model, quality_key
 from distill.models.tiny_world_recipes import COMMITTED, QUICK, V1, V2, V3, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, corpus_digest, duration, train_model
@@ -59,28 +75,16 @@ __all__ = [
     "V2",
     "V3",
     "VERSIONS",
+    "DEFAULT_VERSION",
     "Bar",
     "ModelRecipe",
     "Recipe",
+    "assets_dir",
     "build",
     "default_dir",
     "main",
     "verify",
 ]
-
-# Committed full builds (package data), installed by `distill tiny-world` without retraining.
-ASSETS_ROOT = Path(__file__).parent / "assets"
-
-
-def default_dir(version: str = "v2") -> Path:
-    """Where `distill tiny-world` builds a version: `$DISTILL_CACHE/tiny-world` for v2,
-    `$DISTILL_CACHE/tiny-world-v1` for v1 (default cache: ~/.cache/distill)."""
-    root = Path(os.environ.get("DISTILL_CACHE", Path.home() / ".cache" / "distill"))
-    return root / ("tiny-world" if version == "v2" else f"tiny-world-{version}")
-
-
-def assets_dir(version: str = "v2") -> Path:
-    return ASSETS_ROOT / ("tiny-world" if version == "v2" else f"tiny-world-{version}")
 
 
 def committed_build(recipe: Recipe) -> Path | None:
@@ -195,13 +199,7 @@ def build(
     if not force and _is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
-    partial = [
-        name
-        for name, _ in recipe.models
-        if _record_matches(out / name, _stamp(recipe, name))
-        or _checkpoint_matches(out, name, _stamp(recipe, name))
-    ]
-    if not force and not partial and assets is not None and _is_built(assets, recipe):
+    if not force and not _unfinished(out, recipe) and assets is not None and _is_built(assets, recipe):
         print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
         for extra in ("quality.json", "build.log"):
             (out / extra).unlink(missing_ok=True)
@@ -278,6 +276,15 @@ def build(
 CHECKPOINTS = ".checkpoints"  # out/.checkpoints/NAME: a model's training state while it trains
 
 
+def _unfinished(out: Path, recipe: Recipe) -> bool:
+    """`out` holds models or training state of an interrupted or failed build of `recipe`."""
+    return any(
+        _record_matches(out / name, _stamp(recipe, name))
+        or _checkpoint_matches(out, name, _stamp(recipe, name))
+        for name, _ in recipe.models
+    )
+
+
 def _checkpoint_matches(out: Path, name: str, stamp: dict) -> bool:
     """`out` holds training state of `name` from a build with the same stamp (an interrupted one)."""
     try:
@@ -310,7 +317,10 @@ def _replace_dir(target: Path, fill) -> None:
 
 def verify(recipe: Recipe = V2, committed: Path | None = None) -> bool:
     """Retrain `recipe` from scratch and check that every weight equals the committed build's."""
-    committed = Path(committed or committed_build(recipe) or assets_dir("v2"))
+    committed = committed or committed_build(recipe)
+    if committed is None or not Path(committed).is_dir():
+        raise FileNotFoundError(f"no committed build to compare with ({committed or 'none for this recipe'})")
+    committed = Path(committed)
     from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -328,16 +338,25 @@ def verify(recipe: Recipe = V2, committed: Path | None = None) -> bool:
     return same
 
 
+def _note_legacy_folder() -> None:
+    legacy = cache_root() / LEGACY_FOLDER
+    if legacy.is_dir():
+        print(
+            f"[tiny-world] note: {legacy} is a v2 build under the old folder name and is not read: "
+            f"`tiny-world:` is {DEFAULT_VERSION} ({default_dir()}), v2 is `tiny-world-v2:` ({default_dir('v2')})"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="distill tiny-world", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=None, help="output folder (default: $DISTILL_CACHE/tiny-world[-v1])"
+        "--out", type=Path, default=None, help="output folder (default: $DISTILL_CACHE/tiny-world-VERSION)"
     )
     parser.add_argument(
         "--version",
         choices=sorted(VERSIONS),
-        default="v2",
-        help="which world (default v2; v1: mismatched teacher)",
+        default=None,
+        help=f"which world (default {DEFAULT_VERSION}, what `tiny-world:NAME` names; v2: the archived study's; v1: mismatched teacher)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="a low-quality v2-shaped world in under a minute (for tests)"
@@ -351,12 +370,28 @@ def main(argv: list[str] | None = None) -> int:
         help="retrain the version's full recipe in a temporary folder and compare every tensor with the committed build",
     )
     args = parser.parse_args(argv)
+    version = args.version or DEFAULT_VERSION
     if args.verify:
-        return 0 if verify(VERSIONS[args.version], assets_dir(args.version)) else 1
+        if not assets_dir(version).is_dir():
+            print(f"[tiny-world] error: {version} has no committed build to verify against", file=sys.stderr)
+            return 1
+        return 0 if verify(VERSIONS[version], assets_dir(version)) else 1
     if args.quick and args.out is None:
         parser.error("--quick needs --out DIR (a random-quality world must not replace the real one)")
-    out = args.out or default_dir(args.version)
-    recipe = QUICK if args.quick else VERSIONS[args.version]
+    if args.out is None:
+        _note_legacy_folder()
+    out = args.out or default_dir(version)
+    recipe = QUICK if args.quick else VERSIONS[version]
+    asked = args.quick or args.version or args.force
+    if not (asked or committed_build(recipe) or _is_built(out, recipe) or _unfinished(out, recipe)):
+        # The default world without a committed build: training it takes hours, so only on request.
+        print(
+            f"[tiny-world] error: {version}, the default world, has no committed build yet: "
+            f"`distill tiny-world --version {version}` trains it (hours on a CPU; resumable), "
+            "`distill tiny-world --version v2` installs v2 (`tiny-world-v2:` names) in seconds",
+            file=sys.stderr,
+        )
+        return 1
     try:
         quality = build(out, recipe, force=args.force)
     except BarsMissed as err:

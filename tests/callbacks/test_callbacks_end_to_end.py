@@ -23,7 +23,8 @@ SHRINK = [
     "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 
-TASKS = ("countdown3", "countdown4", "countdown5")
+# configs/tiny/base.yaml's test tasks
+TASKS = ("countdown3", "countdown4", "countdown3_large", "countdown_chain")
 TRAINING_KEYS = [
     *(f"forgetting/{s}/{m}" for s in ("addition", "reversal") for m in ("score", "delta")),
     "forgetting/mean_delta",

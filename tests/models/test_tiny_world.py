@@ -141,15 +141,17 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     assert tw.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
 
 
-def test_verify_flag_reports_through_the_exit_code(monkeypatch):
+def test_verify_flag_reports_through_the_exit_code(tmp_path, monkeypatch):
     import distill.models.tiny_world as tw
 
     asked = []
     monkeypatch.setattr(tw, "verify", lambda recipe, committed: asked.append((recipe, committed)) or True)
-    assert tw.main(["--verify"]) == 0
+    assert tw.main(["--verify", "--version", "v2"]) == 0
     monkeypatch.setattr(tw, "verify", lambda recipe, committed: asked.append((recipe, committed)) and False)
     assert tw.main(["--verify", "--version", "v1"]) == 1
     assert asked == [(tw.V2, tw.assets_dir("v2")), (tw.V1, tw.assets_dir("v1"))]
+    monkeypatch.setattr(tw, "assets_dir", lambda version: tmp_path / "none")  # nothing committed
+    assert tw.main(["--verify", "--version", "v2"]) == 1 and len(asked) == 2
 
 
 def test_both_versions_have_a_committed_build_matching_their_recipe():
@@ -287,19 +289,62 @@ def test_build_log_shows_progress_for_every_model(quick_world):
     assert "done in" in log[-2] and log[-1].endswith("every validity bar met")  # QUICK has no bars
 
 
-def test_v1_names_resolve_to_their_own_folder(tmp_path, monkeypatch):
+def test_each_version_resolves_to_its_own_folder_and_the_bare_name_to_the_default(tmp_path, monkeypatch):
     from distill.models.loading import check_model_path
+    from distill.models.tiny_world_names import DEFAULT_VERSION, PREFIXES, default_dir
 
     monkeypatch.setenv("DISTILL_CACHE", str(tmp_path))
+    assert PREFIXES == {
+        "tiny-world:": DEFAULT_VERSION,
+        "tiny-world-v1:": "v1",
+        "tiny-world-v2:": "v2",
+        "tiny-world-v3:": "v3",
+    }
     with pytest.raises(FileNotFoundError, match="distill tiny-world --version v1"):
         check_model_path("tiny-world-v1:teacher", "model.teacher")
-    with pytest.raises(FileNotFoundError, match=r"run `distill tiny-world` first"):
+    with pytest.raises(FileNotFoundError, match=r"run `distill tiny-world` first\)$"):
         check_model_path("tiny-world:teacher-es", "model.teacher")
-    (tmp_path / "tiny-world-v1" / "teacher").mkdir(parents=True)
-    (tmp_path / "tiny-world-v1" / "teacher" / "config.json").write_text("{}")
-    assert check_model_path("tiny-world-v1:teacher", "model.teacher") == str(
-        tmp_path / "tiny-world-v1" / "teacher"
-    )
+    for version in ("v1", "v2", "v3"):
+        assert default_dir(version) == tmp_path / f"tiny-world-{version}"
+        (tmp_path / f"tiny-world-{version}" / "teacher").mkdir(parents=True)
+        (tmp_path / f"tiny-world-{version}" / "teacher" / "config.json").write_text("{}")
+        assert check_model_path(f"tiny-world-{version}:teacher", "model.teacher") == str(
+            tmp_path / f"tiny-world-{version}" / "teacher"
+        )
+    assert check_model_path("tiny-world:teacher", "model.teacher") == str(default_dir() / "teacher")
+    assert default_dir().name == f"tiny-world-{DEFAULT_VERSION}"
+    # v2's old, unversioned folder is never read, and a missing default model says so.
+    (tmp_path / "tiny-world" / "student").mkdir(parents=True)
+    (tmp_path / "tiny-world" / "student" / "config.json").write_text("{}")
+    with pytest.raises(
+        FileNotFoundError, match=r"tiny-world is a v2 build under the old folder name, not read"
+    ):
+        check_model_path("tiny-world:student", "model.student")
+
+
+def test_the_default_world_without_a_committed_build_stops_unless_asked(tmp_path, monkeypatch, capsys):
+    """`distill tiny-world` would train an uncommitted default world for hours: it stops with a
+    message instead, unless the version is named, `--force` is given, or the folder holds a build of
+    it already (finished or interrupted: resumed). It notes v2's old unversioned folder."""
+    import distill.models.tiny_world as tw
+
+    monkeypatch.setenv("DISTILL_CACHE", str(tmp_path))
+    monkeypatch.setattr(tw, "COMMITTED", tuple(v for v in tw.COMMITTED if v != tw.DEFAULT_VERSION))
+    built = []
+    monkeypatch.setattr(tw, "build", lambda out, recipe, force: built.append((out, recipe, force)) or {})
+    (tmp_path / "tiny-world").mkdir()  # a v2 build under the old name
+    assert tw.main([]) == 1 and built == []
+    captured = capsys.readouterr()
+    assert f"`distill tiny-world --version {tw.DEFAULT_VERSION}` trains it" in captured.err
+    assert "is a v2 build under the old folder name and is not read" in captured.out
+    default = tw.VERSIONS[tw.DEFAULT_VERSION]
+    assert tw.main(["--version", tw.DEFAULT_VERSION]) == 0 and tw.main(["--force"]) == 0
+    assert built == [(tmp_path / f"tiny-world-{tw.DEFAULT_VERSION}", default, False)] + [
+        (tmp_path / f"tiny-world-{tw.DEFAULT_VERSION}", default, True)
+    ]
+    monkeypatch.setattr(tw, "_unfinished", lambda out, recipe: recipe == default)
+    assert tw.main([]) == 0 and len(built) == 3  # an interrupted build resumes without a flag
+    assert tw.main(["--version", "v2"]) == 0 and built[-1] == (tmp_path / "tiny-world-v2", tw.V2, False)
 
 
 def test_an_interrupted_build_resumes_from_its_trained_models(quick_world, tmp_path):
