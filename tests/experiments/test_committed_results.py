@@ -15,6 +15,21 @@ from distill.experiments.report import main
 ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
 
+@pytest.fixture(autouse=True)
+def unrendered_plots(monkeypatch):
+    """Every figure is still built and laid out, and its file named, but not rendered to PNG (two
+    thirds of a report's time; these tests compare the plots' names, tests/experiments/test_report.py
+    the rendered files)."""
+    from distill.experiments import plots
+
+    def save(fig, path):
+        fig.tight_layout()
+        path.write_bytes(b"")
+        return path
+
+    monkeypatch.setattr(plots, "_save", save)
+
+
 @pytest.mark.parametrize(
     ("name", "n_runs", "references"),
     [
