@@ -76,10 +76,11 @@ class GradientStats(L.Callback):
     # --- hooks ------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require(pl_module, LogitGradSource, "GradientStats")
+        # Set here, not at train start: a run resumed straight into testing reports its share too.
+        self.clip = getattr(getattr(pl_module, "hparams", None), "gradient_clip_val", None) or None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.logit_grad_sink = self
-        self.clip = getattr(getattr(pl_module, "hparams", None), "gradient_clip_val", None) or None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Armed for the whole batch when one of its optimiser steps is a multiple of N (a GRPO batch

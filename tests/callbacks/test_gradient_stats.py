@@ -97,6 +97,7 @@ def test_clip_share_counts_the_steps_whose_norm_exceeded_the_clip(clip, expected
 
     cb, trainer, module = GradientStats(), fake_trainer(), fake_module(None)
     module.hparams = SimpleNamespace(gradient_clip_val=clip)
+    cb.setup(trainer, module, "fit")
     cb.on_train_start(trainer, module)
     for step, norm in enumerate([0.5, 2.0, 1.0, 1.5]):
         trainer.global_step = step
@@ -105,7 +106,7 @@ def test_clip_share_counts_the_steps_whose_norm_exceeded_the_clip(clip, expected
     assert cb.summary().get("grad/clip_share") == expected
     resumed = GradientStats()
     resumed.load_state_dict(cb.state_dict())
-    resumed.on_train_start(trainer, module)
+    resumed.setup(trainer, module, "test")  # a run resumed straight into testing
     assert resumed.summary() == cb.summary()
 
 
