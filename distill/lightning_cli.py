@@ -60,14 +60,13 @@ from distill.loggers import (
     tensorboard_summary,
 )
 from distill.parallel import end_launched_ranks_on_failure
+from distill.run_record import AtomicCheckpointIO, RunRecord, read_checkpoint_record
 from distill.rundir import (
     LAST_CKPT,
     METRICS,
     OPTIMIZER_ARGS,
-    AtomicCheckpointIO,
     RunDirError,
     RunLock,
-    RunRecord,
     check_fit_target,
     check_resume_config,
     check_trainer_flags,
@@ -75,7 +74,6 @@ from distill.rundir import (
     default_run_dir,
     drop_checkpoints,
     finite_metrics,
-    read_checkpoint_record,
 )
 from distill.runinfo import environment, model_record, write_json_atomic, write_text_atomic
 

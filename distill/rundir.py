@@ -3,9 +3,9 @@
 - **Ownership.** `RunLock` holds an exclusive `flock` on `<run_dir>/.lock` while a fit (or a
   sweep, on its `out`) runs. The kernel drops it when the process dies, `kill -9` included, so a
   lock never goes stale; a second process refuses with one line naming the holder.
-- **Atomic checkpoints.** `AtomicCheckpointIO` writes a checkpoint beside its target, fsyncs it and
+- **Atomic checkpoints.** `AtomicCheckpointIO` (`distill.run_record`) writes a checkpoint beside its target, fsyncs it and
   renames it into place: a kill mid-write leaves the previous checkpoint whole.
-- **The run record.** `RunRecord` (a callback) keeps in every checkpoint the resolved config and the
+- **The run record.** `RunRecord` (a callback, `distill.run_record`) keeps in every checkpoint the resolved config and the
   last training/validation figures. A resumed fit compares its config with the checkpoint's
   (`config_changes`) and, when it resumes after training ended, still reports those figures.
 - **Strict metrics.** `finite_metrics` turns NaN/inf into null and lists them, so `metrics.json` is
@@ -13,6 +13,9 @@
 - **Checks before any model loads**: Trainer flags the run owns (`check_trainer_flags`), a fit
   that would overwrite a done run or silently restart a checkpointed one (`check_fit_target`), a
   resume whose config differs from its checkpoint's (`check_resume_config`).
+
+This module imports neither torch nor Lightning, so that `distill sweep` and `distill report`, which
+read run directories, start in a second; the pieces a fit needs from them are `distill.run_record`.
 """
 
 from __future__ import annotations
@@ -30,13 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import Callback
-
 from distill.errors import ConfigError
-from distill.runinfo import write_atomic
 
 LOCK = ".lock"
 RECORD_KEY = "distill_run"
@@ -102,6 +99,8 @@ OWNED_TRAINER_FLAGS = {
 def default_run_dir() -> str:
     """`runs/<date>-<time>-<random>`: two fits started in the same second never share it. Rank 0
     names it; ranks that Lightning launches from it inherit the name through the environment."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
     if rank_zero_only.rank != 0 and DEFAULT_RUN_DIR_ENV in os.environ:
         return os.environ[DEFAULT_RUN_DIR_ENV]
     name = str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
@@ -240,77 +239,6 @@ class RunLock:
         if self.fd is not None:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """`torch.save` into a temporary file in the target's folder, fsync, then rename over the target."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        if storage_options is not None:
-            raise TypeError("AtomicCheckpointIO takes no storage_options")
-        write_atomic(path, lambda f: torch.save(checkpoint, f))
-
-
-def scalar_metrics(trainer) -> dict[str, float]:
-    """The trainer's logged scalars (`callback_metrics`) as floats."""
-    return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-
-
-class RunRecord(Callback):
-    """Stores `config` and the trainer's logged scalars in every checkpoint; on resume, restores
-    the scalars (`self.restored`), so figures logged before the checkpoint are not lost, and
-    writes `optimizer_changes` (hyperparameter -> new value, a resume's recorded config change)
-    into the checkpoint's optimiser state before Lightning restores it, and into the restored
-    optimisers when training starts, so they take effect under every strategy."""
-
-    def __init__(self, config: dict, optimizer_changes: dict[str, Any] | None = None):
-        self.config = config
-        self.optimizer_changes = dict(optimizer_changes or {})
-        self.restored: dict[str, float] = {}
-        self.resumed = False
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[RECORD_KEY] = {
-            "config": self.config,
-            "metrics": {**self.restored, **scalar_metrics(trainer)},
-        }
-
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        self.restored = dict(checkpoint.get(RECORD_KEY, {}).get("metrics", {}))
-        self.resumed = True
-        for state in checkpoint.get("optimizer_states", []):
-            self._apply(state.get("param_groups", []))
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        # Also on the live optimisers: a strategy that restores optimiser state itself (FSDP2's
-        # ModelParallelStrategy, inside `load_checkpoint`) has read it before the edit above.
-        if self.resumed:
-            for optimizer in trainer.optimizers:
-                self._apply(optimizer.param_groups)
-
-    def _apply(self, groups: list[dict]) -> None:
-        for group in groups:
-            for name, value in self.optimizer_changes.items():
-                if name in group:
-                    group[name] = tuple(value) if isinstance(group[name], tuple) else value
-
-    def metrics(self, trainer) -> dict[str, float]:
-        """Figures of this session over those restored from the checkpoint."""
-        return {**self.restored, **scalar_metrics(trainer)}
-
-
-def read_checkpoint_record(path: str | Path) -> tuple[dict | None, int]:
-    """(the `RunRecord` of a checkpoint, or None for one written without it; its global step),
-    read with tensors memory-mapped, not loaded. Raises `RunDirError` for a file that is not one."""
-    try:
-        checkpoint = torch.load(str(path), map_location="cpu", mmap=True, weights_only=False)
-    except Exception as err:  # a truncated or foreign file: torch raises many kinds
-        raise RunDirError(
-            f"ckpt_path {str(path)!r} is not a readable checkpoint ({type(err).__name__}: {err})"
-        ) from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise RunDirError(f"ckpt_path {str(path)!r} is not a Lightning checkpoint (no state_dict)")
-    return checkpoint.get(RECORD_KEY), int(checkpoint.get("global_step", 0))
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

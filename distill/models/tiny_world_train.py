@@ -271,7 +271,7 @@ def train_model(
     callbacks: list = [progress]
     plugins, last, step = [], None, 0
     if checkpoints is not None:
-        from distill.rundir import AtomicCheckpointIO  # a killed build never leaves half a file
+        from distill.run_record import AtomicCheckpointIO  # a killed build never leaves half a file
 
         plugins.append(AtomicCheckpointIO())
         interval = (

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from distill.data.order import ResumableShuffle
 from distill.errors import Diverged
 from distill.experiments.records import load_records, run_problem
-from distill.rundir import AtomicCheckpointIO, RunDirError, RunLock, config_changes, finite_metrics
+from distill.run_record import AtomicCheckpointIO
+from distill.rundir import RunDirError, RunLock, config_changes, finite_metrics
 from distill.training import NonFiniteGuard, check_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,7 +288,7 @@ def test_a_recorded_optimizer_change_reaches_optimizers_restored_by_the_strategy
     alone."""
     from types import SimpleNamespace
 
-    from distill.rundir import RunRecord
+    from distill.run_record import RunRecord
 
     def adamw():
         return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, betas=(0.9, 0.999))
