@@ -49,6 +49,9 @@ def _example(task: str, item, style: str) -> tuple[str, str]:
     return countdown.prompt(*item), countdown.solution(*item, style=style)
 
 
+CHUNK = 256  # rows per chunk of a mixture stream: each task's pool, and each chunk's style draws
+
+
 def _chunk_seed(seed: int, chunk: int) -> int:
     # Training seeds start at 10**6, so they never coincide with evaluation seeds.
     return 10**6 + seed * 10**4 + chunk
@@ -56,7 +59,7 @@ def _chunk_seed(seed: int, chunk: int) -> int:
 
 class MixtureStream(IterableDataset):
     """An endless, seeded stream of (prompt, completion) rows, each drawn from the mixture: per
-    chunk of 256, row i of the drawn task's chunk (v1's stream, unchanged). `start` rows are skipped
+    chunk of `CHUNK` rows, row i of the drawn task's chunk (v1's stream, unchanged). `start` rows are skipped
     (a resumed build): whole chunks only advance the task draws, nothing is generated for them."""
 
     def __init__(self, recipe: ModelRecipe, seed: int, start: int = 0):
@@ -67,14 +70,14 @@ class MixtureStream(IterableDataset):
         rng = random.Random(f"tiny-world/{self.seed}")
         tasks = [t for t, _ in r.mixture]
         weights = [w for _, w in r.mixture]
-        chunk, skip = self.start // 256, self.start % 256
-        for _ in range(chunk * 256):
+        chunk, skip = divmod(self.start, CHUNK)
+        for _ in range(chunk * CHUNK):
             rng.choices(range(len(tasks)), weights)
         while True:
-            pools = [_chunk(t, 256, _chunk_seed(self.seed, chunk)) for t in tasks]
+            pools = [_chunk(t, CHUNK, _chunk_seed(self.seed, chunk)) for t in tasks]
             styles = _row_styles(r, self.seed, chunk)
             chunk += 1
-            for i in range(256):
+            for i in range(CHUNK):
                 k = rng.choices(range(len(tasks)), weights)[0]
                 if i >= skip:
                     yield _example(tasks[k], pools[k][i], styles[i])
@@ -86,9 +89,9 @@ def _row_styles(recipe: ModelRecipe, seed: int, chunk: int) -> list[str]:
     share of the rows and plain for the rest (drawn from a stream of their own, so the task draws,
     and every stream at rate 1, are unchanged)."""
     if recipe.style_rate >= 1:
-        return [recipe.style] * 256
+        return [recipe.style] * CHUNK
     draws = random.Random(f"tiny-world-style/{seed}/{chunk}")
-    return [recipe.style if draws.random() < recipe.style_rate else "plain" for _ in range(256)]
+    return [recipe.style if draws.random() < recipe.style_rate else "plain" for _ in range(CHUNK)]
 
 
 @functools.lru_cache(maxsize=32)
