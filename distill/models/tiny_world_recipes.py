@@ -12,6 +12,7 @@ TASKS = (
     "countdown4",
     "countdown3_large",  # v3
     "countdown_chain",  # v3's long chain
+    "arithmetic",  # v3's student drill: one solution step (`distill.tasks.arithmetic`)
     "addition",
     "reversal",
     "tinysci",

@@ -20,7 +20,7 @@ from transformers import LlamaForCausalLM
 
 from distill.models.tiny import llama_config
 from distill.models.tiny_world_recipes import ModelRecipe
-from distill.tasks import countdown, countdown_chain, prior, tinysci
+from distill.tasks import arithmetic, countdown, countdown_chain, prior, tinysci
 
 # --- data ----------------------------------------------------------------------------------------
 
@@ -38,11 +38,13 @@ def _chunk(task: str, n: int, seed: int) -> list[tuple[str, str]]:
         return tinysci.corpus(n, seed, known)
     if task == countdown_chain.NAME:
         return countdown_chain.generate(n, seed)
+    if task == arithmetic.NAME:
+        return [(arithmetic.prompt(s), s.completion) for s in arithmetic.generate(n, seed)]
     return countdown.generate(n, seed=seed, difficulty_name=task)
 
 
 def _example(task: str, item, style: str) -> tuple[str, str]:
-    if task in prior.TASKS or task in KNOWLEDGE_STREAMS:  # already (prompt, completion)
+    if task in prior.TASKS or task in KNOWLEDGE_STREAMS or task == arithmetic.NAME:  # (prompt, completion)
         return item
     if task == countdown_chain.NAME:
         return countdown_chain.prompt(item), countdown_chain.solution(item, style=style)

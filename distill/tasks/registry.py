@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from distill.tasks import countdown, countdown_chain, prior, qa, qa_datasets, tinysci
+from distill.tasks import arithmetic, countdown, countdown_chain, prior, qa, qa_datasets, tinysci
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,31 @@ class PriorTask:
 
 
 @dataclass(frozen=True)
+class ArithmeticTask:
+    """One arithmetic step as a Countdown solution writes it (`distill.tasks.arithmetic`): the tiny
+    world v3 student's drill, measured like a prior."""
+
+    name: str = arithmetic.NAME
+
+    def rows(self, n: int, seed: int) -> list[dict]:
+        return [
+            {
+                "prompt": arithmetic.prompt(s),
+                "messages": [{"role": "user", "content": arithmetic.prompt(s)}],
+                "step": list(s),
+                "reference": s.completion,
+            }
+            for s in arithmetic.generate(n, seed)
+        ]
+
+    def score(self, completion: str, row: dict) -> float:
+        return arithmetic.score(completion, arithmetic.Step(*row["step"]))
+
+    def answer(self, completion: str) -> str | None:
+        return completion.split("\n", 1)[0].strip()
+
+
+@dataclass(frozen=True)
 class TinySciTask:
     """The tiny world's knowledge domain (`distill.tasks.tinysci`): `pool` "train" (`tinysci`) or
     "compose" (`tinysci_compose`), multiple choice scored like every QA task."""
@@ -118,6 +143,7 @@ TASKS = (
     {name: CountdownTask(name) for name in countdown.DIFFICULTIES}
     | {countdown_chain.NAME: CountdownChainTask()}
     | {name: PriorTask(name) for name in prior.TASKS}
+    | {arithmetic.NAME: ArithmeticTask()}
     | {name: TinySciTask(name, pool) for name, pool in tinysci.TASKS.items()}
 )
 
