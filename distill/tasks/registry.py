@@ -6,6 +6,7 @@ completion against a row. Rows always hold `prompt` (plain text) and `messages` 
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 
@@ -55,6 +56,27 @@ class CountdownChainTask(CountdownTask):
             }
             for p in countdown_chain.generate(n, seed)
         ]
+
+
+@dataclass(frozen=True)
+class CountdownPoolTask(CountdownTask):
+    """A pool of Countdown difficulties (`weights`: (difficulty, weight) pairs) as one training task:
+    each row's difficulty drawn by weight, seeded; rows record it (`difficulty`) and are scored as
+    every Countdown row. `countdown_mix` holds the three forms tiny world v3 measures, so that none
+    is out of the pool's form (LOG, 2026-12-03, thirteenth session)."""
+
+    name: str = "countdown_mix"
+    weights: tuple[tuple[str, float], ...] = (
+        ("countdown3", 0.6),
+        ("countdown4", 0.2),
+        ("countdown3_large", 0.2),
+    )
+
+    def rows(self, n: int, seed: int) -> list[dict]:
+        names = [d for d, _ in self.weights]
+        draws = random.Random(f"{self.name}/{seed}").choices(names, [w for _, w in self.weights], k=n)
+        pools = {d: iter(CountdownTask(d).rows(draws.count(d), seed)) for d in names}
+        return [{**next(pools[d]), "difficulty": d} for d in draws]
 
 
 @dataclass(frozen=True)
@@ -142,6 +164,7 @@ class TinySciTask:
 TASKS = (
     {name: CountdownTask(name) for name in countdown.DIFFICULTIES}
     | {countdown_chain.NAME: CountdownChainTask()}
+    | {CountdownPoolTask.name: CountdownPoolTask()}
     | {name: PriorTask(name) for name in prior.TASKS}
     | {arithmetic.NAME: ArithmeticTask()}
     | {name: TinySciTask(name, pool) for name, pool in tinysci.TASKS.items()}

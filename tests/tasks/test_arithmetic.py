@@ -37,7 +37,14 @@ def test_a_step_reads_as_a_countdown_solution_step():
 
 @pytest.mark.parametrize(
     "completion, expected",
-    [("568-345=223", 1.0), (" 568-345=223 \nmore", 1.0), ("568-345=224", 0.0), ("568-354=214", 0.0), ("223", 0.0), ("", 0.0)],
+    [
+        ("568-345=223", 1.0),
+        (" 568-345=223 \nmore", 1.0),
+        ("568-345=224", 0.0),
+        ("568-354=214", 0.0),
+        ("223", 0.0),
+        ("", 0.0),
+    ],
 )
 def test_score_needs_the_same_step_and_its_true_result(completion, expected):
     assert arithmetic.score(completion, arithmetic.Step(568, "-", 345)) == expected

@@ -109,3 +109,27 @@ def test_score_never_raises_on_odd_inputs():
 def test_unknown_difficulty_is_a_clear_error():
     with pytest.raises(ValueError, match="countdown difficulty must be one of"):
         countdown.generate(1, difficulty_name="countdown9")
+
+
+def test_the_pooled_task_draws_each_difficulty_by_weight_and_scores_as_countdown():
+    from collections import Counter
+
+    from distill.tasks.registry import get_task
+
+    task = get_task("countdown_mix")
+    rows = task.rows(1000, seed=7)
+    assert rows == task.rows(1000, seed=7) and rows != task.rows(1000, seed=8)
+    shares = Counter(r["difficulty"] for r in rows)
+    assert shares["countdown3"] / 1000 == pytest.approx(0.6, abs=0.05)
+    assert shares["countdown4"] / 1000 == pytest.approx(0.2, abs=0.04)
+    for row in rows[:60]:
+        assert len(row["numbers"]) == countdown.difficulty(row["difficulty"]).count
+        solution = countdown.solution(row["numbers"], row["target"])
+        assert task.score(solution, row) == 1.0 and task.score("<answer>1+1</answer>", row) == 0.0
+    # A difficulty's rows are that difficulty's own problems for the seed, in order.
+    large = [r["prompt"] for r in rows if r["difficulty"] == "countdown3_large"]
+    assert large == [r["prompt"] for r in get_task("countdown3_large").rows(len(large), 7)]
+    # The data module reads it as a generated task (a seed), not a dataset's fixed parts.
+    from distill.data.module import _rows
+
+    assert _rows(task, 50, 7, "train") == task.rows(50, 7)
