@@ -12,7 +12,7 @@ TASKS = (
     "countdown4",
     "countdown3_large",  # v3
     "countdown_chain",  # v3's long chain
-    "arithmetic",  # v3's student drill: one solution step (`distill.tasks.arithmetic`)
+    "arithmetic",  # a student drill tried for v3: one solution step (`distill.tasks.arithmetic`)
     "addition",
     "reversal",
     "tinysci",

@@ -103,8 +103,8 @@ class PriorTask:
 
 @dataclass(frozen=True)
 class ArithmeticTask:
-    """One arithmetic step as a Countdown solution writes it (`distill.tasks.arithmetic`): the tiny
-    world v3 student's drill, measured like a prior."""
+    """One arithmetic step as a Countdown solution writes it (`distill.tasks.arithmetic`): a drill
+    tried for a tiny world v3 student, measured like a prior."""
 
     name: str = arithmetic.NAME
 
@@ -113,14 +113,16 @@ class ArithmeticTask:
             {
                 "prompt": arithmetic.prompt(s),
                 "messages": [{"role": "user", "content": arithmetic.prompt(s)}],
-                "step": list(s),
+                "a": s.a,
+                "op": s.op,
+                "b": s.b,
                 "reference": s.completion,
             }
             for s in arithmetic.generate(n, seed)
         ]
 
     def score(self, completion: str, row: dict) -> float:
-        return arithmetic.score(completion, arithmetic.Step(*row["step"]))
+        return arithmetic.score(completion, arithmetic.Step(row["a"], row["op"], row["b"]))
 
     def answer(self, completion: str) -> str | None:
         return completion.split("\n", 1)[0].strip()

@@ -57,3 +57,8 @@ def test_registered_task_and_training_stream_agree():
     assert [r["prompt"] for r in rows] == [arithmetic.prompt(s) for s in arithmetic.generate(20, 5)]
     pairs = [_example("arithmetic", item, "spanish") for item in _chunk("arithmetic", 20, 5)]
     assert pairs == [(r["prompt"], r["reference"]) for r in rows]  # no style: a drill is plain
+    # Its rows load as a `datasets` table (how the data module reads an evaluated task).
+    from datasets import Dataset
+
+    table = Dataset.from_list(rows)
+    assert all(task.score(r["reference"], r) == 1.0 for r in table)
