@@ -13,7 +13,7 @@ import torch
 
 from distill.models.evaluation import task_accuracy
 from distill.models.tiny import char_tokenizer
-from distill.models.tiny_world_recipes import ModelRecipe
+from distill.models.tiny_world_recipes import _V3_STUDENT_MIX, ModelRecipe
 from distill.models.tiny_world_train import train_model
 from distill.tasks.registry import get_task
 
@@ -32,15 +32,7 @@ MIXES = {
     ),
     # A generalist: Countdown in the teacher's proportions (68 % of rows), the priors the rest, and
     # few steps, so that every form the study measures is trained alike and none is an afterthought.
-    # v3's student mixture (tiny_world_recipes._V3_STUDENT_MIX), for a student of another shape.
-    "v3": (
-        ("countdown3", 0.14),
-        ("countdown4", 0.05),
-        ("countdown3_large", 0.05),
-        ("countdown_chain", 0.05),
-        ("addition", 0.41),
-        ("reversal", 0.30),
-    ),
+    "v3": _V3_STUDENT_MIX,  # v3's own, for a student of another shape
     "general": (
         ("countdown3", 0.30),
         ("countdown4", 0.19),
