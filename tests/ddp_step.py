@@ -1,14 +1,14 @@
 """One optimiser step of a module under Lightning, on 1 process or on N `gloo` processes with DDP or
 FSDP2 (`ModelParallelStrategy`, the student sharded: `distill.parallel`).
 
-    python tests/ddp_step.py OUT WORLD_DIR DEVICES {distill,grpo} [{ddp,fsdp}]
+    python tests/ddp_step.py OUT WORLD_DIR DEVICES KINDS [{ddp,fsdp}]   (KINDS: distill, grpo or distill,grpo)
 
 Run by tests/test_ddp.py (not collected by pytest: no test_ prefix). Every rank takes its shard of
 one fixed global batch (Lightning's DistributedSampler: rank r gets prompts r, r + N, ...), so the
 single-process run on the whole batch is the reference. The distillation module takes one
 optimiser step; GRPO takes its `num_iterations` = 2 steps on the batch; both in micro-batches of 2
-rows. Each rank writes `OUT/rank<r>.json` (its logged `train/*` values) and under DDP
-`OUT/syncs<r>.json` (its gradient all-reduces); rank 0 also writes `OUT/update.pt`, the student's
+rows. Each rank writes, for each kind, `OUT/<kind>/rank<r>.json` (its logged `train/*` values) and under DDP
+`OUT/<kind>/syncs<r>.json` (its gradient all-reduces); rank 0 also writes `OUT/<kind>/update.pt`, the student's
 weights after minus before the step. SGD without clipping makes the update exactly -lr x gradient, so a gradient off by
 a factor (DDP averaging local sums over a global count: 1/N) shows in full.
 """
@@ -87,9 +87,10 @@ class FixedRewardGRPO(GRPOModule):
 
 class Record(L.Callback):
     """Each rank's logged `train/*` figures; under DDP also its gradient all-reduces of the batch
-    (`OUT/syncs<r>.json`), counted by a comm hook that all-reduces as DDP does by default."""
+    (`syncs<r>.json`), counted by a comm hook that all-reduces as DDP does by default; both in `out`."""
 
-    syncs = 0
+    def __init__(self, out: Path):
+        self.out, self.syncs = out, 0
 
     def on_train_start(self, trainer, pl_module):
         if isinstance(trainer.strategy.model, DistributedDataParallel):
@@ -102,9 +103,9 @@ class Record(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
         rank = trainer.global_rank
-        (OUT / f"rank{rank}.json").write_text(json.dumps(logged))
+        (self.out / f"rank{rank}.json").write_text(json.dumps(logged))
         if isinstance(trainer.strategy.model, DistributedDataParallel):
-            (OUT / f"syncs{rank}.json").write_text(json.dumps(self.syncs))
+            (self.out / f"syncs{rank}.json").write_text(json.dumps(self.syncs))
 
 
 class ScoreInInferenceMode(L.Callback):
@@ -149,9 +150,9 @@ def strategy(name: str, devices: int):
     return "ddp"
 
 
-if __name__ == "__main__":
-    OUT, world, devices, kind = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    parallel = sys.argv[5] if len(sys.argv) > 5 else "ddp"
+def step(kind: str, world: Path, devices: int, parallel: str, out: Path) -> None:
+    """One module of `kind` through its optimiser step(s); its files in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     module = build(kind, world)
     module.configure_model()
@@ -167,10 +168,19 @@ if __name__ == "__main__":
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[Record(), ScoreInInferenceMode()],
+        callbacks=[Record(out), ScoreInInferenceMode()],
     )
     trainer.fit(module, datamodule=data)
     assert is_sharded(module.student) == (parallel == "fsdp" and devices > 1)
     after = full_state_dict(module.student) or module.student.state_dict()  # every rank: a collective
     if trainer.is_global_zero:
-        torch.save({k: after[k] - before[k] for k in before}, OUT / "update.pt")
+        torch.save({k: after[k] - before[k] for k in before}, out / "update.pt")
+
+
+if __name__ == "__main__":
+    out, world, devices, kinds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    parallel = sys.argv[5] if len(sys.argv) > 5 else "ddp"
+    # Both kinds in one launch: the ranks started for the first fit serve the second (Lightning
+    # launches them once per process), which halves the test's process start-ups.
+    for kind in kinds.split(","):
+        step(kind, world, devices, parallel, out / kind)

@@ -23,49 +23,73 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _step(kind: str, devices: int, world: Path, out: Path, parallel: str = "ddp") -> tuple[dict, list[dict]]:
-    """Run tests/ddp_step.py; the student's update and each rank's logged figures."""
+KINDS = ("distill", "grpo")
+
+
+def _steps(devices: int, world: Path, out: Path, parallel: str = "ddp") -> dict[str, tuple[dict, list[dict]]]:
+    """Run tests/ddp_step.py for both kinds in one launch; per kind, the student's update and each
+    rank's logged figures."""
     out.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(HERE / "ddp_step.py"), str(out), str(world), str(devices), kind, parallel]
+    cmd = [
+        sys.executable,
+        str(HERE / "ddp_step.py"),
+        str(out),
+        str(world),
+        str(devices),
+        ",".join(KINDS),
+        parallel,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    logged = [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
-    return torch.load(out / "update.pt"), logged
+    return {
+        kind: (
+            torch.load(out / kind / "update.pt"),
+            [json.loads((out / kind / f"rank{r}.json").read_text()) for r in range(devices)],
+        )
+        for kind in KINDS
+    }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["distill", "grpo"])
-def test_two_ranks_update_and_log_like_one_process(kind, quick_world, tmp_path):
+def test_two_ranks_update_and_log_like_one_process(quick_world, tmp_path):
     """Same global batch (8 rows, completions of 1-14 tokens), SGD at lr 1 without clipping, on
-    2 DDP ranks and on 2 FSDP2 ranks (the student sharded, gathered back for the comparison): the
-    update is -gradient, so the old bug (each rank's local sum over the global token count, then
-    DDP's average: 1/2 of the gradient) would miss by half. Tolerance: float32 sums taken in
-    another order (ranks, micro-batches) differ by a few ulps of the summed terms, ~1e-8 here
-    against updates of ~0.2; 1e-6 absolute leaves room and is 1e5 x below the bug's error."""
-    single, (logged_single,) = _step(kind, 1, quick_world, tmp_path / "one")
-    assert max(float(u.abs().max()) for u in single.values()) > 1e-2  # a real update
-    assert set(logged_single) >= {"train/loss", "train/completion_length", "train/grad_norm"}
-    for parallel in ("ddp", "fsdp"):
-        update, logged = _step(kind, 2, quick_world, tmp_path / parallel, parallel)
-        assert update.keys() == single.keys()
-        if parallel == "ddp":
-            # 2 micro-batches per rank: DDP all-reduces the accumulated gradients in the last
-            # backward only (`distill.parallel.gradient_sync`), once per optimiser step (GRPO takes
-            # 2 on its batch), not once per micro-batch.
-            syncs = [json.loads((tmp_path / "ddp" / f"syncs{r}.json").read_text()) for r in range(2)]
-            assert syncs == [1 if kind == "distill" else 2] * 2
-        for name, expected in single.items():
-            torch.testing.assert_close(
-                update[name], expected, rtol=1e-4, atol=1e-6, msg=f"{parallel}: {name}"
-            )
-        # Every rank logs the global per-token means, equal to the single process's.
-        for rank_logged in logged:
-            assert rank_logged.keys() == logged_single.keys()
-            for key, value in logged_single.items():
-                assert rank_logged[key] == pytest.approx(value, rel=1e-5, abs=1e-7), f"{parallel}: {key}"
-    if kind == "grpo":  # the second, off-policy pass clips some tokens: a summed figure, not 0
-        assert logged_single["train/clip_fraction"] > 0
+    2 DDP ranks and on 2 FSDP2 ranks (the student sharded, gathered back for the comparison), for a
+    distillation module and a GRPO one: the update is -gradient, so the old bug (each rank's local
+    sum over the global token count, then DDP's average: 1/2 of the gradient) would miss by half.
+    Tolerance: float32 sums taken in another order (ranks, micro-batches) differ by a few ulps of
+    the summed terms, ~1e-8 here against updates of ~0.2; 1e-6 absolute leaves room and is 1e5 x
+    below the bug's error. Each launch runs both kinds (its second fit reuses the ranks)."""
+    singles = _steps(1, quick_world, tmp_path / "one")
+    runs = {parallel: _steps(2, quick_world, tmp_path / parallel, parallel) for parallel in ("ddp", "fsdp")}
+    for kind in KINDS:
+        single, (logged_single,) = singles[kind]
+        assert max(float(u.abs().max()) for u in single.values()) > 1e-2, kind  # a real update
+        assert set(logged_single) >= {"train/loss", "train/completion_length", "train/grad_norm"}
+        for parallel, by_kind in runs.items():
+            update, logged = by_kind[kind]
+            assert update.keys() == single.keys()
+            if parallel == "ddp":
+                # 2 micro-batches per rank: DDP all-reduces the accumulated gradients in the last
+                # backward only (`distill.parallel.gradient_sync`), once per optimiser step (GRPO
+                # takes 2 on its batch), not once per micro-batch.
+                syncs = [
+                    json.loads((tmp_path / "ddp" / kind / f"syncs{r}.json").read_text()) for r in range(2)
+                ]
+                assert syncs == [1 if kind == "distill" else 2] * 2, kind
+            for name, expected in single.items():
+                torch.testing.assert_close(
+                    update[name], expected, rtol=1e-4, atol=1e-6, msg=f"{kind}, {parallel}: {name}"
+                )
+            # Every rank logs the global per-token means, equal to the single process's.
+            for rank_logged in logged:
+                assert rank_logged.keys() == logged_single.keys()
+                for key, value in logged_single.items():
+                    assert rank_logged[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (
+                        f"{kind}, {parallel}: {key}"
+                    )
+    # GRPO's second, off-policy pass clips some tokens: a summed figure, not 0
+    assert singles["grpo"][1][0]["train/clip_fraction"] > 0
 
 
 @pytest.mark.parametrize("world", [2, 3])
