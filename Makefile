@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ bench-step: $(READY) ## step benchmark on tiny world v2: distill vs TRL GKD vs a
 
 bench-memory: $(READY) ## memory benchmark: peak of a distillation step and an evaluation, full logits vs lean, V = 32k/128k/152k
 	$(BIN)/python benchmarks/memory.py
+
+bench-worlds: $(READY) ## a study run on tiny world v3 against the same run on v2, side by side (wall-time ratio against v3's bar of 1.5x; needs both worlds installed; ~15-20 min)
+	$(BIN)/distill tiny-world --version v2
+	$(BIN)/python benchmarks/worlds.py
 
 demo: $(READY) ## tiny world v2 (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
 	$(BIN)/distill tiny-world --version v2
