@@ -29,7 +29,7 @@ def test_every_shorthand_lands_where_fit_reads_it(tmp_path):
                 "divergence": ["reverse_kl"],
                 "estimator": ["k3"],
                 "granularity": ["token"],
-                "lr": [3e-4],
+                "lr": [2e-4],  # not the base config's rate
                 "mix": [0.25],
                 "seed": [4],
                 "task": ["countdown4"],
@@ -47,7 +47,7 @@ def test_every_shorthand_lands_where_fit_reads_it(tmp_path):
     assert config["trainer"]["max_steps"] == 3
     assert model["divergence"]["class_path"] == "distill.losses.ReverseKL"
     assert model["divergence"]["init_args"]["estimator"] == "k3"
-    assert model["optimizer"]["init_args"]["lr"] == 3e-4
+    assert model["optimizer"]["init_args"]["lr"] == 2e-4
     assert model["gradient_clip_val"] == 0.5
     data = config["data"]
     assert (data["mix"], data["granularity"], data["task"], data["max_new_tokens"]) == (
