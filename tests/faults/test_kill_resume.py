@@ -252,12 +252,17 @@ def test_resume_with_a_recorded_config_change(tmp_path, env, refusal):
     run = tmp_path / "run"
     assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
     lr = ["--model.init_args.optimizer.init_args.lr", "0.01"]
-    assert "model.init_args.optimizer.init_args.lr: 0.001 -> 0.01" in refusal(run, "--ckpt_path", "last", *lr)
+    base = yaml.safe_load((ROOT / "configs" / "tiny" / "base.yaml").read_text())
+    base_lr = base["model"]["init_args"]["optimizer"]["init_args"]["lr"]
+    assert base_lr != 0.01
+    assert f"model.init_args.optimizer.init_args.lr: {base_lr} -> 0.01" in refusal(
+        run, "--ckpt_path", "last", *lr
+    )
     resumed = fit(run, env, "--ckpt_path", "last", *lr, "--allow_config_change", "true")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     changes = json.loads((run / "config_changes.json").read_text())
     assert changes[-1]["changes"] == {
-        "model.init_args.optimizer.init_args.lr": {"checkpoint": 0.001, "now": 0.01}
+        "model.init_args.optimizer.init_args.lr": {"checkpoint": base_lr, "now": 0.01}
     }
     assert (
         yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["optimizer"]["init_args"][
@@ -267,7 +272,7 @@ def test_resume_with_a_recorded_config_change(tmp_path, env, refusal):
     )
     assert untimed(run)["train/lr"] == pytest.approx(
         0.01
-    )  # applied, not just recorded (the checkpoint held 0.001)
+    )  # applied, not just recorded (the checkpoint held the base's rate)
     assert "holds a finished run" in refusal(run)
 
 
