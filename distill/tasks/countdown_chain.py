@@ -21,7 +21,8 @@ from distill.tasks import countdown
 
 NAME = "countdown_chain"
 FIRST = "countdown3"  # the first link's problems
-SECOND_HIGH = 99  # the second link's two new numbers and its target: 1..99, as Countdown-3's
+SECOND_HIGH = 99  # the second link's two new numbers: 1..99, as Countdown-3's
+TARGET_HIGH = 99  # its target: 1..99, as Countdown-3's
 
 
 class ChainProblem(NamedTuple):
@@ -115,7 +116,7 @@ def generate(n: int, seed: int = 0) -> list[ChainProblem]:
         if via in second:
             continue
         target = countdown.random_target(rng, [via, *second])
-        if target is not None and 1 <= target <= SECOND_HIGH:
+        if target is not None and 1 <= target <= TARGET_HIGH:
             out.append(ChainProblem(tuple(first), via, second, target))
     return out
 
