@@ -1,4 +1,4 @@
-"""What the measurement callbacks do with the student: roll it out on task rows, and run one
+"""What the measurement callbacks do with the student: roll it out (or the teacher) on task rows, and run one
 forward pass for its next-token logits; under data parallelism, split a measurement's rows over
 the ranks and add their sums up (`rank_share`, `summed_over_ranks`). Works with any LightningModule holding `student`,
 `tokenizer` and `vocab_size` (and optionally `teacher`)."""
@@ -67,6 +67,39 @@ def student_rollouts(
         ids, mask = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
         with step_precision(trainer):  # the trained policy's precision (`distill.precision`)
             out.append(sampler.sample(student, teacher, ids, mask, seed=seed))
+    return out
+
+
+def teacher_rollouts(
+    trainer,
+    pl_module,
+    rows: list[dict],
+    sampler: RolloutSampler,
+    batch_size: int,
+    seed: int | None = None,
+) -> list[RolloutBatch]:
+    """Roll out the teacher alone on `rows` (`sampler.mix` must be 1), reading its own prompt view
+    (the teacher-only context, when the datamodule has one) as in training."""
+    if sampler.mix != 1:
+        raise ValueError(f"teacher_rollouts needs a sampler with mix=1, got mix={sampler.mix}")
+    collate = prompt_collator(trainer, pl_module)
+    sampler.use_tokenizer(pl_module.tokenizer)
+    out = []
+    for start in range(0, len(rows), batch_size):
+        enc = collate(rows[start : start + batch_size])
+        views = {k: v.to(pl_module.device) for k, v in enc.items() if isinstance(v, torch.Tensor)}
+        with step_precision(trainer):
+            out.append(
+                sampler.sample(
+                    pl_module.student,
+                    pl_module.teacher,
+                    views["input_ids"],
+                    views["attention_mask"],
+                    seed=seed,
+                    teacher_input_ids=views.get("teacher_input_ids"),
+                    teacher_attention_mask=views.get("teacher_attention_mask"),
+                )
+            )
     return out
 
 

@@ -15,6 +15,7 @@ from distill.callbacks.generation import (
     rank_share,
     student_rollouts,
     summed_over_ranks,
+    teacher_rollouts,
 )
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
@@ -63,7 +64,10 @@ class StyleProbe(L.Callback):
     """Share of the student's greedy completions that show the teacher's style, logged as
     `style/teacher_style_share` before any update, every `every_n_steps` optimiser steps and at the
     end of fit. `summary()` gives the final share and the step-0 one
-    (`style/teacher_style_share_start`).
+    (`style/teacher_style_share_start`). Before the first update it also measures the teacher's own
+    share on the same prompts, the same way (`style/teacher_own_share`, `..._sampled`): what the
+    student's share is read against, since a teacher need not write its style every time
+    (`distill.experiments.records.adoption_step`).
 
     Args:
         pattern: a regular expression searched in each completion (default: Countdown's teacher
@@ -122,6 +126,7 @@ class StyleProbe(L.Callback):
         self.start: float | None = None
         self.latest: float | None = None
         self.latest_sampled: float | None = None
+        self.teacher: dict[str, float] = {}  # the teacher's own shares, measured once
         self.last_step = -1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -129,6 +134,7 @@ class StyleProbe(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.last_step < 0:  # the starting point; a resumed run measured it before its checkpoint
+            self._measure_teacher(trainer, pl_module)
             self._measure(trainer, pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -141,17 +147,32 @@ class StyleProbe(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measure(trainer, pl_module)
 
-    def share(self, trainer, pl_module, temperature: float = 0.0, samples: int = 1) -> float:
+    def share(
+        self, trainer, pl_module, temperature: float = 0.0, samples: int = 1, writer: str = "student"
+    ) -> float:
         """The current share over the probe's prompts, greedy or over `samples` seeded draws per
-        prompt at `temperature` (each rank rolls out its `rank_share`)."""
+        prompt at `temperature` (each rank rolls out its `rank_share`), of the student's completions
+        or (`writer="teacher"`) the teacher's."""
         budget = self.max_new_tokens or eval_budget(trainer, self.task)
-        sampler = RolloutSampler(mix=0.0, max_new_tokens=budget, temperature=temperature)
+        teacher = writer == "teacher"
+        sampler = RolloutSampler(mix=float(teacher), max_new_tokens=budget, temperature=temperature)
         rows = [row for row in self.rows for _ in range(samples)]
         seed = None if temperature == 0 else ROWS_SEED
-        rollouts = student_rollouts(trainer, pl_module, rank_share(rows), sampler, self.batch_size, seed)
+        roll = teacher_rollouts if teacher else student_rollouts
+        rollouts = roll(trainer, pl_module, rank_share(rows), sampler, self.batch_size, seed)
         texts = [t for r in rollouts for t in r.completions(pl_module.tokenizer)]
         hits = sum(bool(self.detector(t)) for t in texts)
         return summed_over_ranks([hits], pl_module.device)[0] / len(rows)
+
+    def _measure_teacher(self, trainer, pl_module) -> None:
+        if getattr(pl_module, "teacher", None) is None:
+            return
+        with gathered(pl_module.student, pl_module.teacher):  # one gather each, as in `_measure`
+            self.teacher = {"style/teacher_own_share": self.share(trainer, pl_module, writer="teacher")}
+            if self.samples:
+                sampled = self.share(trainer, pl_module, 1.0, self.samples, writer="teacher")
+                self.teacher["style/teacher_own_share_sampled"] = sampled
+        log_scalars(trainer, self.teacher)
 
     def _measure(self, trainer, pl_module) -> None:
         if trainer.global_step == self.last_step:
@@ -174,17 +195,19 @@ class StyleProbe(L.Callback):
         out = {"style/teacher_style_share": self.latest, "style/teacher_style_share_start": self.start}
         if self.latest_sampled is not None:
             out["style/teacher_style_share_sampled"] = self.latest_sampled
-        return out
+        return {**out, **self.teacher}
 
     def state_dict(self) -> dict:
         return {
             "start": self.start,
             "latest": self.latest,
             "latest_sampled": self.latest_sampled,
+            "teacher": dict(self.teacher),
             "last_step": self.last_step,
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.start, self.latest = state_dict["start"], state_dict["latest"]
         self.latest_sampled = state_dict.get("latest_sampled")  # checkpoints before it had none
+        self.teacher = dict(state_dict.get("teacher", {}))
         self.last_step = int(state_dict["last_step"])

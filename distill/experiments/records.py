@@ -54,11 +54,19 @@ HEADLINE = (
 CURVE_TAGS = ("train/forward_kl", "train/reverse_kl", "train/loss", "val/*/accuracy")
 # What an archive keeps besides the plotted curves: the style share's and forgetting's course
 # (StyleProbe and Forgetting log every `every_n_steps`), from which `STYLE_ADOPTION` is derived.
-ARCHIVED_TAGS = (*CURVE_TAGS, "style/teacher_style_share", "forgetting/mean_delta")
-# Derived per run: the first logged step at which the student's outputs are mostly (>= half) in
-# the teacher's style; only for runs that end there (the style share saturates at 1 in the tiny
-# style study, so the final share cannot tell runs apart but the step it is reached at can).
+ARCHIVED_TAGS = (
+    *CURVE_TAGS,
+    "style/teacher_style_share",
+    "style/teacher_style_share_sampled",
+    "forgetting/mean_delta",
+)
+# Derived per run: the first logged step at which the student writes the teacher's style at least
+# half as often as the teacher itself does (`adoption_step`); only for runs that end there.
 STYLE_ADOPTION = "style/adoption_step"
+# The teacher's own share when a run did not record it (runs before StyleProbe measured it): v2's
+# teacher-es, the only style teacher of those runs, wrote its style always (share 1.0 in its
+# quality.json), so half of it is the fixed 0.5 those reports used.
+UNRECORDED_TEACHER_SHARE = 1.0
 CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.archive), without event files
 SWEEP_RECORD = "sweep.json"  # written by the sweep runner at the top of a sweep and in each stage
 _CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
@@ -138,12 +146,28 @@ def _numbers(metrics: Any) -> dict[str, float]:
     }
 
 
-def adoption_step(run_dir: Path) -> int | None:
-    """The first logged step whose `style/teacher_style_share` is >= 0.5 (None without a curve)."""
-    steps, values = read_curves(run_dir, ("style/teacher_style_share",)).get(
-        "style/teacher_style_share", ([], [])
-    )
-    return next((step for step, value in zip(steps, values) if value >= 0.5), None)
+def adoption_threshold(metrics: dict[str, float]) -> tuple[str, float]:
+    """Which style share a run's adoption reads and the share that counts as adopted: half the
+    teacher's own share of the same kind (StyleProbe's `style/teacher_own_share[_sampled]`). The
+    sampled share (the student's probability of the style) when the run recorded it and the
+    teacher's; else the greedy one, against `UNRECORDED_TEACHER_SHARE` if the teacher's is missing.
+    A teacher that writes its style 44 % of the time is adopted at 0.22, not at a fixed 0.5 no
+    student of it could reach."""
+    own = metrics.get("style/teacher_own_share_sampled")
+    if own is not None and "style/teacher_style_share_sampled" in metrics:
+        return "style/teacher_style_share_sampled", own / 2
+    return "style/teacher_style_share", metrics.get("style/teacher_own_share", UNRECORDED_TEACHER_SHARE) / 2
+
+
+def adoption_step(run_dir: Path, metrics: dict[str, float] | None = None) -> int | None:
+    """The first logged step at which the run's style share reaches `adoption_threshold` (None
+    without a curve, or when it never does). `metrics`: the run's final metrics (read from
+    `metrics.json` when not given)."""
+    if metrics is None:
+        metrics = _numbers(read_metrics(run_dir).get("metrics"))
+    tag, threshold = adoption_threshold(metrics)
+    steps, values = read_curves(run_dir, (tag,)).get(tag, ([], []))
+    return next((step for step, value in zip(steps, values) if value >= threshold > 0), None)
 
 
 def load_records(sweep_dir: Path) -> list[RunRecord]:
@@ -160,8 +184,9 @@ def load_records(sweep_dir: Path) -> list[RunRecord]:
         problem = run_problem(run_dir, data)
         finished = problem is None
         metrics = _numbers(data.get("metrics")) if finished else {}
-        if metrics.get("style/teacher_style_share", 0.0) >= 0.5:
-            step = adoption_step(run_dir)
+        tag, threshold = adoption_threshold(metrics)
+        if tag in metrics and metrics[tag] >= threshold > 0:  # runs that end adopted
+            step = adoption_step(run_dir, metrics)
             if step is not None:
                 metrics[STYLE_ADOPTION] = float(step)
         records.append(RunRecord(run_dir.name, run_dir, finished, _settings(run_dir, data), metrics, problem))

@@ -121,3 +121,71 @@ def test_sampled_share_estimates_the_students_probability_of_the_style(
     assert sampled == probe.share(trainer, module, 1.0, 300)  # seeded: the same draws every probe
     assert abs(sampled - sum(expected) / len(expected)) < 0.05  # 1,200 draws: sd <= 0.015
     assert probe.share(trainer, module) in {0.0, 0.25, 0.5, 0.75, 1.0}  # greedy: a switch per prompt
+
+
+def test_the_teachers_own_share_is_measured_once_before_training_and_resumes(
+    monkeypatch, fake_trainer, fake_module, tiny_student
+):
+    probe = StyleProbe(num_prompts=1, every_n_steps=1, samples=2)
+    calls = []
+
+    def share(trainer, module, temperature=0.0, samples=1, writer="student"):
+        calls.append((writer, temperature))
+        return {"teacher": 0.4, "student": 0.0}[writer] + temperature / 10
+
+    monkeypatch.setattr(probe, "share", share)
+    trainer, module = fake_trainer(), fake_module(tiny_student, teacher=tiny_student)
+    probe.on_train_start(trainer, module)
+    trainer.global_step = 1
+    probe.on_train_batch_end(trainer, module, None, None, 0)
+    assert [c for c in calls if c[0] == "teacher"] == [("teacher", 0.0), ("teacher", 1.0)]  # once
+    own = {"style/teacher_own_share": 0.4, "style/teacher_own_share_sampled": 0.5}
+    assert trainer.loggers[0].calls[0] == (0, own)
+    assert probe.summary().items() >= own.items()
+    resumed = StyleProbe(num_prompts=1, samples=2)
+    resumed.load_state_dict(probe.state_dict())
+    resumed.on_train_start(trainer, module)  # resumed past step 0: nothing is measured again
+    assert resumed.summary() == probe.summary()
+    no_teacher = StyleProbe(num_prompts=1)
+    monkeypatch.setattr(no_teacher, "share", share)
+    no_teacher.on_train_start(fake_trainer(), fake_module(tiny_student))
+    assert "style/teacher_own_share" not in no_teacher.summary()
+
+
+def test_the_teachers_sampled_share_is_its_probability_of_the_style(fake_trainer, fake_module, tiny_student):
+    """The teacher's share comes from the teacher's own completions: with one new token, its
+    sampled share matches the teacher's probability of a detected first token (a direct forward
+    pass), and differs from the student's (the detector accepts the characters the teacher
+    prefers over the student)."""
+    import torch
+
+    from distill.callbacks.generation import prompt_collator
+
+    teacher = type(tiny_student)(tiny_student.config)  # same shape, other weights
+    torch.manual_seed(7)
+    for p in teacher.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    trainer = fake_trainer()
+    module = fake_module(tiny_student, teacher=teacher)
+    tok = module.tokenizer
+    rows = StyleProbe(task="addition", num_prompts=4).rows
+
+    def distribution(model):
+        out = []
+        for row in rows:
+            enc = prompt_collator(trainer, module).student([row])
+            with torch.no_grad():
+                out.append(torch.softmax(model(**enc).logits[0, -1, : len(tok)].float(), -1))
+        return torch.stack(out).mean(0)
+
+    p_teacher, p_student = distribution(teacher), distribution(tiny_student)
+    chars = [tok.decode([int(i)], skip_special_tokens=True) for i in torch.argsort(p_student - p_teacher)]
+    chosen = [c for c in chars if len(c) == 1 and c.isalnum()][:6]
+    probe = StyleProbe(
+        pattern="^[" + "".join(chosen) + "]", task="addition", num_prompts=4, max_new_tokens=1, batch_size=300
+    )
+    accepted = torch.tensor([tok.decode([i], skip_special_tokens=True) in chosen for i in range(len(tok))])
+    expected_teacher, expected_student = float(p_teacher[accepted].sum()), float(p_student[accepted].sum())
+    assert expected_teacher - expected_student > 0.12  # the check below tells them apart
+    sampled = probe.share(trainer, module, 1.0, 300, writer="teacher")
+    assert abs(sampled - expected_teacher) < 0.05  # 1,200 draws: sd <= 0.015

@@ -358,26 +358,41 @@ def test_gradient_plot_has_a_column_per_learning_rate_so_bars_are_seed_spread(tm
 
 
 def test_the_archive_keeps_the_style_course_and_the_report_derives_the_adoption_step(sweep, tmp_path):
+    """Adopted: the student writes the style at least half as often as the teacher does (the
+    teacher's own share, or 1.0 for runs that did not record it: v2's rule of a fixed 0.5)."""
     from torch.utils.tensorboard import SummaryWriter
 
     from distill.experiments.records import STYLE_ADOPTION, load_records
 
-    adopted, never = sorted(p for p in sweep.iterdir() if p.name.startswith("divergence="))[:2]
-    for run_dir, shares in ((adopted, (0.0, 0.2, 0.6, 1.0)), (never, (0.0, 0.1, 0.2, 0.3))):
+    finished = [p for p in sorted(sweep.iterdir()) if p.name.startswith("divergence=")]
+    adopted, never, graded = [p for p in finished if (p / "metrics.json").read_text().endswith("}")][:3]
+    greedy, sampled = "style/teacher_style_share", "style/teacher_style_share_sampled"
+    courses = {
+        adopted: ({greedy: (0.0, 0.2, 0.6, 1.0)}, {}),
+        never: ({greedy: (0.0, 0.1, 0.2, 0.3)}, {}),
+        # a teacher that writes its style 44 % of the time: adopted at 0.22, on the sampled share
+        graded: (
+            {greedy: (0.0, 0.0, 0.3, 0.3), sampled: (0.0, 0.1, 0.25, 0.4)},
+            {"style/teacher_own_share": 0.4, "style/teacher_own_share_sampled": 0.44},
+        ),
+    }
+    for run_dir, (curves, own) in courses.items():
         writer = SummaryWriter(str(run_dir / "tensorboard" / "version_0"))
-        for step, share in zip(range(0, 40, 10), shares):
-            writer.add_scalar("style/teacher_style_share", share, step)
+        for tag, shares in curves.items():
+            for step, share in zip(range(0, 40, 10), shares):
+                writer.add_scalar(tag, share, step)
         writer.close()
         data = json.loads((run_dir / "metrics.json").read_text())
-        data["metrics"]["style/teacher_style_share"] = shares[-1]
+        data["metrics"].update({tag: shares[-1] for tag, shares in curves.items()}, **own)
         (run_dir / "metrics.json").write_text(json.dumps(data))
     dest = tmp_path / "archive"
     assert main([str(sweep), "--archive", str(dest), "--no-plots"]) == 0
     rows = (dest / adopted.name / "curves.csv").read_text().splitlines()
     assert "style/teacher_style_share,20,0.6" in [r[: len("style/teacher_style_share,20,0.6")] for r in rows]
     records = {r.name: r for r in load_records(dest)}
-    assert records[adopted.name].metrics[STYLE_ADOPTION] == 20.0  # the first step at >= half
+    assert records[adopted.name].metrics[STYLE_ADOPTION] == 20.0  # the first step at >= half of 1.0
     assert STYLE_ADOPTION not in records[never.name].metrics  # never adopted: no step, not a 0
+    assert records[graded.name].metrics[STYLE_ADOPTION] == 20.0  # sampled 0.25 >= 0.44 / 2
     text = (dest / "report" / "report.md").read_text()
     assert STYLE_ADOPTION in text
 
