@@ -4,8 +4,8 @@ Each version has its own folder, `$DISTILL_CACHE/tiny-world-VERSION`, and config
 `tiny-world-VERSION:NAME`; `tiny-world:NAME` is the default version's (`tiny_world_names`).
 
 v3 (the default): a teacher competent on the held-out harder variants and the long chain, a student
-off the floor there, a `teacher-es` whose style is a probability. Its build is not committed yet
-(issue 29): `distill tiny-world` stops with a message instead of training it for hours.
+off the floor there, a `teacher-es` whose style is a probability, and a knowledge pair whose
+student knows its share of the facts (docs/tiny-world.md has each model's measured figures).
 
 v2 (`tiny-world-v2:NAME`, `--version v2`): `teacher` and `student` learn from one shared corpus
 written in one plain style (Countdown-3 and -4 solutions, addition, reversal), as a hub model
@@ -22,11 +22,13 @@ v1 (`tiny-world-v1:NAME`, `--version v1`): the first organism, whose teacher onl
 Spanish style. It could not judge the student's plain text, and distillation made the student
 worse in 59 of 60 runs (experiments/LOG.md); it stays as the mismatched-teacher variant.
 
-    distill tiny-world --version v2          # v2 into $DISTILL_CACHE/tiny-world-v2 (seconds: committed build)
+    distill tiny-world                       # v3 into $DISTILL_CACHE/tiny-world-v3 (seconds: committed build)
+    distill tiny-world --version v2          # v2 into $DISTILL_CACHE/tiny-world-v2
     distill tiny-world --version v1          # v1 into $DISTILL_CACHE/tiny-world-v1
-    distill tiny-world --version v3          # train v3 into $DISTILL_CACHE/tiny-world-v3 (hours; resumes if cut short)
+    distill tiny-world --force               # retrain v3 (hours on 2 cores; resumes if cut short)
     distill tiny-world --version v2 --force  # retrain v2 (46 min on 2 AVX2 cores; resumes if cut short)
     distill tiny-world --version v2 --verify # retrain in a temporary folder, compare every tensor
+    distill tiny-world --verify --out DIR    # the same in DIR, kept: a rerun resumes a verification cut short
     distill tiny-world --quick --out /tmp/tw # a low-quality world in under a minute (tests)
 
 Every model is trained with Lightning from a fixed seed, saved with `save_pretrained` beside the
@@ -42,6 +44,7 @@ the quality figures in `tiny_world_quality.py`; this module builds, installs and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -94,7 +97,7 @@ def committed_build(recipe: Recipe) -> Path | None:
 
 def world_of(model_dir: str | Path) -> dict | None:
     """Which tiny world a model directory belongs to, for a run's record (`env.json`): the world's
-    version (`v2`, `v1`, `quick`, else `custom`: the recipe in its `quality.json` is none of the
+    version (`v3`, `v2`, `v1`, `quick`, else `custom`: the recipe in its `quality.json` is none of the
     named ones), the model's name in it and a fingerprint of its weights (the first 16 hex digits
     of the SHA-256 of `model.safetensors`). None for a directory outside a tiny world."""
     folder = Path(model_dir)
@@ -182,6 +185,7 @@ def build(
     force: bool = False,
     assets: Path | None = None,
     every: datetime.timedelta | int = CHECKPOINT_EVERY,
+    install: bool = True,
 ) -> dict:
     """Build (or reuse) a tiny world in `out`; returns the quality figures.
 
@@ -192,14 +196,21 @@ def build(
     recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
     retrains everything). A model checkpoints its training state every `every` (wall time, or an
     int: optimiser steps) into `out/.checkpoints/NAME`, so a build killed mid-model resumes there
-    with the weights an uninterrupted build would have. After training, every bar of the recipe is checked; a missed bar raises
+    with the weights an uninterrupted build would have. `install=False` never installs the committed
+    build (a resumable `verify` trains every model). After training, every bar of the recipe is checked; a missed bar raises
     `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
     if not force and _is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
-    if not force and not _unfinished(out, recipe) and assets is not None and _is_built(assets, recipe):
+    if (
+        install
+        and not force
+        and not _unfinished(out, recipe)
+        and assets is not None
+        and _is_built(assets, recipe)
+    ):
         print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
         for extra in ("quality.json", "build.log"):
             (out / extra).unlink(missing_ok=True)
@@ -315,17 +326,23 @@ def _replace_dir(target: Path, fill) -> None:
     os.replace(tmp, target)
 
 
-def verify(recipe: Recipe = V2, committed: Path | None = None) -> bool:
-    """Retrain `recipe` from scratch and check that every weight equals the committed build's."""
+def verify(recipe: Recipe = V2, committed: Path | None = None, work: Path | None = None) -> bool:
+    """Retrain `recipe` from scratch and check that every weight equals the committed build's: in a
+    temporary folder, or in `work`, which is kept, so that a verification longer than a session
+    resumes there (an interrupted or finished retraining of the recipe in it is continued or
+    reused; the committed build is never installed into it)."""
     committed = committed or committed_build(recipe)
     if committed is None or not Path(committed).is_dir():
         raise FileNotFoundError(f"no committed build to compare with ({committed or 'none for this recipe'})")
     committed = Path(committed)
     from safetensors.torch import load_file
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() if work is None else contextlib.nullcontext(work) as tmp:
         try:
-            build(Path(tmp), recipe, force=True)
+            if work is None:
+                build(Path(tmp), recipe, force=True)
+            else:
+                build(Path(work), recipe, install=False)
         except BarsMissed as err:  # the weights are what is compared; the bars were checked at build
             print(f"[tiny-world] note: {err}")
         same = True
@@ -367,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="retrain the version's full recipe in a temporary folder and compare every tensor with the committed build",
+        help="retrain the version's full recipe in a temporary folder (or in --out, kept: a rerun resumes it) "
+        "and compare every tensor with the committed build",
     )
     args = parser.parse_args(argv)
     version = args.version or DEFAULT_VERSION
@@ -375,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         if not assets_dir(version).is_dir():
             print(f"[tiny-world] error: {version} has no committed build to verify against", file=sys.stderr)
             return 1
-        return 0 if verify(VERSIONS[version], assets_dir(version)) else 1
+        return 0 if verify(VERSIONS[version], assets_dir(version), args.out) else 1
     if args.quick and args.out is None:
         parser.error("--quick needs --out DIR (a random-quality world must not replace the real one)")
     if args.out is None:

@@ -145,25 +145,63 @@ def test_verify_flag_reports_through_the_exit_code(tmp_path, monkeypatch):
     import distill.models.tiny_world as tw
 
     asked = []
-    monkeypatch.setattr(tw, "verify", lambda recipe, committed: asked.append((recipe, committed)) or True)
+    monkeypatch.setattr(
+        tw, "verify", lambda recipe, committed, work: asked.append((recipe, committed, work)) or True
+    )
     assert tw.main(["--verify", "--version", "v2"]) == 0
-    monkeypatch.setattr(tw, "verify", lambda recipe, committed: asked.append((recipe, committed)) and False)
-    assert tw.main(["--verify", "--version", "v1"]) == 1
-    assert asked == [(tw.V2, tw.assets_dir("v2")), (tw.V1, tw.assets_dir("v1"))]
+    monkeypatch.setattr(
+        tw, "verify", lambda recipe, committed, work: asked.append((recipe, committed, work)) and False
+    )
+    assert tw.main(["--verify", "--version", "v1", "--out", str(tmp_path / "kept")]) == 1
+    assert asked == [(tw.V2, tw.assets_dir("v2"), None), (tw.V1, tw.assets_dir("v1"), tmp_path / "kept")]
     monkeypatch.setattr(tw, "assets_dir", lambda version: tmp_path / "none")  # nothing committed
     assert tw.main(["--verify", "--version", "v2"]) == 1 and len(asked) == 2
 
 
-def test_both_versions_have_a_committed_build_matching_their_recipe():
+def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_committed_build(
+    quick_world, tmp_path, monkeypatch
+):
+    """`verify(..., work=DIR)` builds in DIR without `force` (an interrupted retraining there
+    resumes, a finished one is reused) and with `install=False`: a folder the committed build was
+    copied into would compare the committed weights with themselves."""
+    import shutil
+
     import distill.models.tiny_world as tw
 
+    calls = []
+
+    def build(out, recipe, force=False, install=True):
+        calls.append((out, recipe, force, install))
+        shutil.copytree(quick_world, out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(tw, "build", build)
+    work = tmp_path / "kept"
+    assert tw.verify(tw.QUICK, committed=quick_world, work=work)
+    assert calls == [(work, tw.QUICK, False, False)] and (work / "student" / "model.safetensors").is_file()
+    monkeypatch.undo()
+    fresh = tmp_path / "fresh"  # the real build: with install=False it trains, though assets exist
+    monkeypatch.setattr(tw, "train_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("trains")))
+    with pytest.raises(RuntimeError, match="trains"):
+        tw.build(fresh, tw.QUICK, assets=quick_world, install=False)
+    installed = tmp_path / "installed"
+    tw.build(installed, tw.QUICK, assets=quick_world)  # the default installs the committed copy
+    assert (installed / "student" / "model.safetensors").read_bytes() == (
+        quick_world / "student" / "model.safetensors"
+    ).read_bytes()
+
+
+def test_every_version_has_a_committed_build_matching_its_recipe_and_bars():
+    import distill.models.tiny_world as tw
+
+    assert set(tw.COMMITTED) == set(tw.VERSIONS)
     for version in tw.COMMITTED:
         recipe = tw.VERSIONS[version]
         assert tw.committed_build(recipe) == tw.assets_dir(version)
         assert tw._is_built(tw.assets_dir(version), recipe), version
+        quality = json.loads((tw.assets_dir(version) / "quality.json").read_text())
+        assert quality.get("failed_bars", []) == [], version  # v1's record predates the field
+        assert all(b.holds(quality[b.key]) for b in recipe.bars), version
     assert tw.committed_build(tw.QUICK) is None
-    quality = json.loads((tw.assets_dir("v2") / "quality.json").read_text())
-    assert quality["failed_bars"] == [] and all(b.holds(quality[b.key]) for b in tw.V2.bars)
 
 
 def test_v1_training_stream_is_unchanged():
@@ -443,7 +481,7 @@ def test_a_v3_shaped_world_measures_its_variants_and_the_teachers_lead(tmp_path)
         ["countdown3_large", 8],
     ]
     assert "measured" not in tw._recipe_json(tw.V2)  # v2's record as committed
-    assert tw.committed_build(V3) is None and tw.default_dir("v3").name == "tiny-world-v3"
+    assert tw.committed_build(V3) == tw.assets_dir("v3") and tw.default_dir("v3").name == "tiny-world-v3"
 
 
 def test_a_style_rate_writes_that_share_of_the_rows_in_the_style_and_leaves_rate_one_unchanged():
