@@ -75,7 +75,7 @@ def planned_pairs(claim: Claim, spec: SweepSpec) -> list[int]:
     if not runs:
         raise ClaimsError(f"claim {claim.id}: the spec {spec.name!r} plans no run of {claim.archive}")
     records = [RunRecord(r.name, r.run_dir, True, dict(r.settings), {}) for r in runs]
-    strata = _pairs(claim, [(record, 0.0) for record in records])
+    strata = _pairs(claim, [(record, 1.0) for record in records])  # any value: only pairs count (1: log-safe)
     return [len(d) for d in strata.values()]
 
 
