@@ -12,9 +12,9 @@ from pathlib import Path
 
 from distill.models.tiny_world_recipes import VERSIONS
 
-# What `tiny-world:NAME`, `distill tiny-world` and configs/tiny/ mean. v3 has no committed build
-# yet (issue 29): until it does, `distill tiny-world` without `--version` stops with a message
-# instead of training it for hours (`tiny_world.main`); `tiny-world-v2:` names the previous world.
+# What `tiny-world:NAME`, `distill tiny-world` and configs/tiny/ mean; `tiny-world-v2:` names the
+# previous world. A default without a committed build (a future version while it is built) makes
+# `distill tiny-world` stop with a message instead of training it for hours (`tiny_world.main`).
 DEFAULT_VERSION = "v3"
 
 # Committed full builds (package data), installed by `distill tiny-world` without retraining.
