@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo plan-v3 sweep-v3-grid sweep-v3-rlvr sweep-v3-robustness sweep-v3-style sweep-v3-sci sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 # Every target that runs the package depends on $(READY): a fresh clone needs only `make demo` (or
 # `make test`); the venv is (re)installed when it is missing or older than pyproject.toml.
@@ -33,7 +33,8 @@ test-fast: $(READY) ## unit tests only (skips tests marked slow)
 lint: $(READY) ## ruff
 	$(BIN)/ruff check distill tests benchmarks
 
-tiny-world: $(READY) ## install the CPU tiny world v2 (teacher, student, teacher-es, teacher-sci, student-sci; `tiny-world-v2:` names, configs/tiny_v2) from its committed build
+tiny-world: $(READY) ## install the CPU tiny worlds from their committed builds: v3, the default (teacher, student, teacher-es, teacher-sci, student-sci; `tiny-world:` names, configs/tiny), and v2 (`tiny-world-v2:`, configs/tiny_v2)
+	$(BIN)/distill tiny-world
 	$(BIN)/distill tiny-world --version v2
 
 bench: $(READY) ## loss benchmark: chunked vs naive divergences, peak memory and time ratios
@@ -54,8 +55,8 @@ bench-worlds: $(READY) ## a study run on tiny world v3 against the same run on v
 	$(BIN)/distill tiny-world --version v2
 	$(BIN)/python benchmarks/worlds.py
 
-demo: $(READY) ## tiny world v2 (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
-	$(BIN)/distill tiny-world --version v2
+demo: $(READY) ## tiny world v3 (if needed) + a 4-run grid (and the start and teacher references) + its report, on CPU
+	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/demo.yaml --jobs 2
 	$(BIN)/distill report experiments/runs/demo
 	@echo "report: experiments/runs/demo/report/report.md"
@@ -85,6 +86,34 @@ sweep-sci: $(READY) ## the knowledge domain: teacher-sci -> student-sci, mix {0,
 	$(BIN)/distill tiny-world --version v2
 	$(BIN)/distill sweep experiments/tiny_sci.yaml --jobs 2 --archive experiments/results/tiny_sci
 	$(BIN)/distill report experiments/results/tiny_sci
+
+sweep-v3-grid: $(READY) ## the v3 study's main grid: mix {0, 0.5, 1} x {forward, reverse} x lr {3e-5, 1e-4, 3e-4} x 4 seeds, 200 steps (72 runs; about 3.9 h with 2 jobs on 2 cores, estimated from make demo; resumable), archived in experiments/results/v3_grid
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/v3_grid.yaml --jobs 2 --archive experiments/results/v3_grid
+	$(BIN)/distill report experiments/results/v3_grid
+
+sweep-v3-rlvr: $(READY) ## v3: distil then GRPO, {forward, reverse} x mix {0, 1} x 4 seeds (16 + 16 runs; about 1.1 h), archived in experiments/results/v3_rlvr
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/v3_rlvr.yaml --jobs 2 --archive experiments/results/v3_rlvr
+	$(BIN)/distill report experiments/results/v3_rlvr
+
+sweep-v3-robustness: $(READY) ## v3: no clipping, top-8 KL, long-chain training; reverse KL, mix {0, 1} x 4 seeds each (24 runs; about 1.3 h), archived in experiments/results/v3_robustness
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/v3_robustness.yaml --jobs 2 --archive experiments/results/v3_robustness
+	$(BIN)/distill report experiments/results/v3_robustness
+
+sweep-v3-style: $(READY) ## v3: style transfer from teacher-es, {forward, reverse} x mix {0, 1} x 4 seeds (16 runs; about 0.9 h), archived in experiments/results/v3_style
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/v3_style.yaml --jobs 2 --archive experiments/results/v3_style
+	$(BIN)/distill report experiments/results/v3_style
+
+sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1} x lr {1e-4, 3e-4} x 3 seeds (24 runs; about 2.6 h), archived in experiments/results/v3_sci
+	$(BIN)/distill tiny-world
+	$(BIN)/distill sweep experiments/v3_sci.yaml --jobs 2 --archive experiments/results/v3_sci
+	$(BIN)/distill report experiments/results/v3_sci
+
+plan-v3: $(READY) ## the v3 study's seeds: each declared claim's minimum detectable effect at the planned specs, from v2's spread (seconds)
+	$(BIN)/python -m distill.experiments.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
 
 sweep-paper-llama: $(READY) ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml

@@ -108,3 +108,19 @@ def test_a_plan_reads_the_pilots_spread_and_the_specs_runs(tmp_path, capsys):
     assert f"| shared | plan | 8, 8 | {100 * sd:.1f} pp pilot | {100 * mde:.1f} pp | 3.0 pp |" in out
     assert main([str(planned), "--pilot", str(pilot), "--specs", str(tmp_path / "results")]) == 2
     assert "no spec plans the archive 'plan'" in capsys.readouterr().err
+
+
+def test_docs_quote_the_generated_v3_plan(capsys):
+    """docs/study.md quotes `make plan-v3` (v2's archives, the v3 claims and specs); it does not
+    retype it."""
+    from pathlib import Path
+
+    from distill.experiments.power import main
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "study.md").read_text()
+    quoted = text.split("<!-- plan: make plan-v3 -->\n")[1].split("\n<!-- end plan -->")[0]
+    claims = root / "experiments" / "claims"
+    argv = [str(claims / "v3.yaml"), "--pilot", str(claims / "v2.yaml"), "--specs", str(root / "experiments")]
+    assert main(argv) == 0
+    assert quoted == capsys.readouterr().out.rstrip("\n")
