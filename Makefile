@@ -97,7 +97,7 @@ sweep-v3-rlvr: $(READY) ## v3: distil then GRPO, {forward, reverse} x mix {0, 1}
 	$(BIN)/distill sweep experiments/v3_rlvr.yaml --jobs 2 --archive experiments/results/v3_rlvr
 	$(BIN)/distill report experiments/results/v3_rlvr
 
-sweep-v3-robustness: $(READY) ## v3: no clipping, top-8 KL, long-chain training; reverse KL, mix {0, 1} x 4 seeds each (24 runs; about 1.3 h), archived in experiments/results/v3_robustness
+sweep-v3-robustness: $(READY) ## v3: no clipping, top-8 KL, long-chain training; reverse KL, mix {0, 1} x 4 seeds each (24 runs; about 1.5 h), archived in experiments/results/v3_robustness
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/v3_robustness.yaml --jobs 2 --archive experiments/results/v3_robustness
 	$(BIN)/distill report experiments/results/v3_robustness

@@ -133,8 +133,9 @@ class StyleProbe(L.Callback):
         require(pl_module, StudentHolder, "StyleProbe")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.last_step < 0:  # the starting point; a resumed run measured it before its checkpoint
+        if not self.teacher:  # once; again after a checkpoint from before the teacher was measured
             self._measure_teacher(trainer, pl_module)
+        if self.last_step < 0:  # the starting point; a resumed run measured it before its checkpoint
             self._measure(trainer, pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

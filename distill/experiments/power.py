@@ -7,7 +7,8 @@ The **pilot** is an earlier study with a claims file of the same claim ids (v2's
 v3's study). For each claim, its paired differences' spread within strata: every stratum's own
 mean removed, the squares pooled (a fixed factor's effect is not noise). A claim the pilot could
 not measure (no runs, no spread: a floor) borrows the median pooled sd of the pilot's claims on
-the same scale (shares, or logs), and the table says so.
+the same kind of metric (the same last name part, e.g. `accuracy`; else the same scale: shares, or
+logs), and the table says so.
 
 The **plan** is the sweep spec of each archive a claim reads (`--specs`: the `*.yaml` files of a
 directory, matched by their `name:`). Its runs, paired by the claim's own rule
@@ -16,8 +17,8 @@ directory, matched by their `name:`). Its runs, paired by the claim's own rule
 
 The MDE is what `verdicts` reports for an unresolved claim, computed ahead: (t_{1−α/2} + t_power)
 · se, with se² = Σ sd² / n_s / S² over the S strata of n_s pairs and Welch–Satterthwaite df, at
-the level Holm tests the family's last claim (1 − α/m for m testable claims): a bound for every
-rank. A claim is sized when its MDE is at most its smallest effect of interest: an effect that
+Holm's strictest level, that of its first step (1 − α/m for m claims): a bound for every rank, since
+each later step tests at a level between that and 1 − α. A claim is sized when its MDE is at most its smallest effect of interest: an effect that
 large is then replicated with the power asked, and for an equality claim (`predicts: none`) the
 interval of a null effect is then narrower than ±sesoi.
 """
@@ -106,9 +107,10 @@ def _pilot_spreads(pilot: ClaimsFile) -> dict[str, float]:
 def plan(
     claims: ClaimsFile, pilot: ClaimsFile, specs: dict[str, SweepSpec], power: float = 0.8
 ) -> list[Plan]:
-    """Each claim's planned pairs and MDE at the Holm level of the family's last claim."""
+    """Each claim's planned pairs and MDE at Holm's strictest level (its first step's)."""
     spreads = _pilot_spreads(pilot)
     scale = {c.id: c.transform for c in pilot.claims}
+    kind = {c.id: c.metric.rsplit("/", 1)[-1] for c in pilot.claims}
     level = 1 - (1 - claims.level) / len(claims.claims)
     out = []
     for claim in claims.claims:
@@ -121,11 +123,13 @@ def plan(
             sd, source = spreads[claim.id], "pilot"
         else:
             same = [v for k, v in spreads.items() if scale.get(k) == claim.transform]
-            if not same:
+            alike = [v for k, v in spreads.items() if kind[k] == claim.metric.rsplit("/", 1)[-1]]
+            pool, what = (alike, "alike") if alike and claim.transform is None else (same, "on its scale")
+            if not pool:
                 raise ClaimsError(
                     f"claim {claim.id}: the pilot has no claim on its scale to borrow a spread from"
                 )
-            sd, source = float(np.median(same)), f"borrowed (median of {len(same)})"
+            sd, source = float(np.median(pool)), f"borrowed (median of {len(pool)} {what})"
         out.append(Plan(claim, pairs, sd, source, planned_mde(sd, pairs, level, power)))
     return out
 
@@ -151,9 +155,9 @@ def _units(claim: Claim, value: float) -> str:
     return f"{100 * value:.1f} pp"
 
 
-def table(rows: list[Plan], level: float) -> str:
+def table(rows: list[Plan], level: float, power: float = 0.8) -> str:
     lines = [
-        f"MDE at 80 % power, at the level Holm tests the family's last claim ({100 * level:.3g} %):",
+        f"MDE at {100 * power:.3g} % power, at Holm's strictest level, its first step's ({100 * level:.3g} %):",
         "",
         "| claim | archive | pairs per stratum | pilot sd | MDE | sesoi | sized |",
         "|---|---|---|---|---|---|---|",
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ClaimsError, SpecError) as err:
         print(f"power: {err}", file=sys.stderr)
         return 2
-    print(table(rows, 1 - (1 - claims.level) / len(claims.claims)))
+    print(table(rows, 1 - (1 - claims.level) / len(claims.claims), args.power))
     return 0
 
 

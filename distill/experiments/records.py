@@ -164,7 +164,7 @@ def adoption_step(run_dir: Path, metrics: dict[str, float] | None = None) -> int
     without a curve, or when it never does). `metrics`: the run's final metrics (read from
     `metrics.json` when not given)."""
     if metrics is None:
-        metrics = _numbers(read_metrics(run_dir).get("metrics"))
+        metrics = _numbers((read_metrics(run_dir) or {}).get("metrics"))
     tag, threshold = adoption_threshold(metrics)
     steps, values = read_curves(run_dir, (tag,)).get(tag, ([], []))
     return next((step for step, value in zip(steps, values) if value >= threshold > 0), None)

@@ -330,11 +330,15 @@ def verify(recipe: Recipe = V2, committed: Path | None = None, work: Path | None
     """Retrain `recipe` from scratch and check that every weight equals the committed build's: in a
     temporary folder, or in `work`, which is kept, so that a verification longer than a session
     resumes there (an interrupted or finished retraining of the recipe in it is continued or
-    reused; the committed build is never installed into it)."""
+    reused; the committed build is never installed into it). `work` must be new, empty, or a
+    verification folder (`VERIFY_MARKER`): a folder holding an installed world would compare the
+    committed weights with themselves."""
     committed = committed or committed_build(recipe)
     if committed is None or not Path(committed).is_dir():
         raise FileNotFoundError(f"no committed build to compare with ({committed or 'none for this recipe'})")
     committed = Path(committed)
+    if work is not None:
+        _claim_verify_folder(Path(work))
     from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory() if work is None else contextlib.nullcontext(work) as tmp:
@@ -353,6 +357,20 @@ def verify(recipe: Recipe = V2, committed: Path | None = None, work: Path | None
             print(f"[tiny-world] {name}: {'identical to' if equal else 'DIFFERS from'} the committed build")
             same &= equal
     return same
+
+
+VERIFY_MARKER = ".tiny-world-verify"  # in a folder `verify` retrains in: what it holds was trained there
+
+
+def _claim_verify_folder(work: Path) -> None:
+    if work.is_dir() and any(work.iterdir()) and not (work / VERIFY_MARKER).is_file():
+        raise ValueError(
+            f"--verify --out {work}: the folder holds files a verification did not write (an installed "
+            "world there would be compared with itself); allowed: a new or empty folder, or one an "
+            "earlier `--verify --out` used"
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    (work / VERIFY_MARKER).write_text("retrained by `distill tiny-world --verify --out`\n")
 
 
 def _note_legacy_folder() -> None:
@@ -393,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         if not assets_dir(version).is_dir():
             print(f"[tiny-world] error: {version} has no committed build to verify against", file=sys.stderr)
             return 1
-        return 0 if verify(VERSIONS[version], assets_dir(version), args.out) else 1
+        try:
+            return 0 if verify(VERSIONS[version], assets_dir(version), args.out) else 1
+        except ValueError as err:
+            print(f"[tiny-world] error: {err}", file=sys.stderr)
+            return 1
     if args.quick and args.out is None:
         parser.error("--quick needs --out DIR (a random-quality world must not replace the real one)")
     if args.out is None:

@@ -146,6 +146,13 @@ def test_the_teachers_own_share_is_measured_once_before_training_and_resumes(
     resumed.load_state_dict(probe.state_dict())
     resumed.on_train_start(trainer, module)  # resumed past step 0: nothing is measured again
     assert resumed.summary() == probe.summary()
+    legacy = StyleProbe(num_prompts=1, samples=2)  # a checkpoint from before the teacher was measured
+    monkeypatch.setattr(legacy, "share", share)
+    legacy.load_state_dict({k: v for k, v in probe.state_dict().items() if k != "teacher"})
+    calls.clear()
+    legacy.on_train_start(trainer, module)
+    assert calls == [("teacher", 0.0), ("teacher", 1.0)]  # the teacher once, the student not again
+    assert legacy.summary() == probe.summary()
     no_teacher = StyleProbe(num_prompts=1)
     monkeypatch.setattr(no_teacher, "share", share)
     no_teacher.on_train_start(fake_trainer(), fake_module(tiny_student))
@@ -189,3 +196,44 @@ def test_the_teachers_sampled_share_is_its_probability_of_the_style(fake_trainer
     assert expected_teacher - expected_student > 0.12  # the check below tells them apart
     sampled = probe.share(trainer, module, 1.0, 300, writer="teacher")
     assert abs(sampled - expected_teacher) < 0.05  # 1,200 draws: sd <= 0.015
+
+
+def test_the_teacher_writes_after_its_own_context(fake_trainer, fake_module, tiny_student):
+    """With a teacher-only context (`data.teacher_context`), the teacher's share is measured on
+    what the teacher reads in training, the context and then the prompt: its sampled share with one
+    new token matches its probability of a detected token after that view, not after the bare
+    prompt."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from distill.data.prompts import PromptCollator
+
+    teacher = type(tiny_student)(tiny_student.config)
+    torch.manual_seed(11)
+    for p in teacher.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    module = fake_module(tiny_student, teacher=teacher)
+    tok = module.tokenizer
+    collate = PromptCollator(tok, chat_template=False, teacher_context="9999999999999999 ")
+    trainer = fake_trainer(datamodule=SimpleNamespace(collate=collate))
+    rows = StyleProbe(task="addition", num_prompts=4).rows
+
+    def probability(context):
+        out = []
+        for row in rows:
+            enc = collate.encode([row], context)
+            with torch.no_grad():
+                out.append(torch.softmax(teacher(**enc).logits[0, -1, : len(tok)].float(), -1))
+        return torch.stack(out).mean(0)
+
+    with_context, bare = probability(collate.teacher_context), probability(None)
+    chars = [tok.decode([int(i)], skip_special_tokens=True) for i in torch.argsort(bare - with_context)]
+    chosen = [c for c in chars if len(c) == 1 and c.isalnum()][:6]
+    accepted = torch.tensor([tok.decode([i], skip_special_tokens=True) in chosen for i in range(len(tok))])
+    expected, without = float(with_context[accepted].sum()), float(bare[accepted].sum())
+    assert expected - without > 0.08  # the check below (within 0.05, sd <= 0.015) tells the views apart
+    probe = StyleProbe(
+        pattern="^[" + "".join(chosen) + "]", task="addition", num_prompts=4, max_new_tokens=1, batch_size=300
+    )
+    assert abs(probe.share(trainer, module, 1.0, 300, writer="teacher") - expected) < 0.05

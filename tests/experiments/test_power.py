@@ -100,11 +100,11 @@ def test_a_plan_reads_the_pilots_spread_and_the_specs_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     diffs = [noise[0, k] - noise[1, k] for k in (0, 1)]
     sd = pooled_sd(diffs)[0]
-    mde = planned_mde(sd, [8, 8], 1 - 0.05 / 2)  # two claims: Holm's last level is 1 - 0.05 / 2
+    mde = planned_mde(sd, [8, 8], 1 - 0.05 / 2)  # two claims: Holm's first step tests at 1 - 0.05 / 2
     shared, new = plan(load_claims(planned), load_claims(pilot), {"plan": parse_spec(
         {"name": "plan", "base": "configs/tiny/base.yaml", "axes": axes})})  # fmt: skip
     assert shared.mde == pytest.approx(mde) and shared.pairs == [8, 8] and shared.sd_source == "pilot"
-    assert new.sd == pytest.approx(sd) and new.sd_source == "borrowed (median of 1)"
+    assert new.sd == pytest.approx(sd) and new.sd_source == "borrowed (median of 1 alike)"
     assert f"| shared | plan | 8, 8 | {100 * sd:.1f} pp pilot | {100 * mde:.1f} pp | 3.0 pp |" in out
     assert main([str(planned), "--pilot", str(pilot), "--specs", str(tmp_path / "results")]) == 2
     assert "no spec plans the archive 'plan'" in capsys.readouterr().err

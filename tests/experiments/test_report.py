@@ -372,7 +372,7 @@ def test_the_archive_keeps_the_style_course_and_the_report_derives_the_adoption_
         never: ({greedy: (0.0, 0.1, 0.2, 0.3)}, {}),
         # a teacher that writes its style 44 % of the time: adopted at 0.22, on the sampled share
         graded: (
-            {greedy: (0.0, 0.0, 0.3, 0.3), sampled: (0.0, 0.1, 0.25, 0.4)},
+            {greedy: (0.0, 0.0, 0.0, 0.3), sampled: (0.0, 0.1, 0.25, 0.4)},  # greedy: step 30
             {"style/teacher_own_share": 0.4, "style/teacher_own_share_sampled": 0.44},
         ),
     }

@@ -178,6 +178,12 @@ def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_com
     work = tmp_path / "kept"
     assert tw.verify(tw.QUICK, committed=quick_world, work=work)
     assert calls == [(work, tw.QUICK, False, False)] and (work / "student" / "model.safetensors").is_file()
+    assert tw.verify(tw.QUICK, committed=quick_world, work=work)  # a rerun continues in its own folder
+    installed = tmp_path / "installed-world"  # e.g. the cache: its models would equal the committed ones
+    shutil.copytree(quick_world, installed)
+    with pytest.raises(ValueError, match="holds files a verification did not write"):
+        tw.verify(tw.QUICK, committed=quick_world, work=installed)
+    assert len(calls) == 2
     monkeypatch.undo()
     fresh = tmp_path / "fresh"  # the real build: with install=False it trains, though assets exist
     monkeypatch.setattr(tw, "train_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("trains")))
