@@ -54,20 +54,7 @@ def student_rollouts(
     With a `seed`, each row's sample depends only on (seed, its prompt, how many identical prompts
     precede it in its batch, the settings), so repeated evaluations draw the same random numbers.
     """
-    if sampler.mix != 0:
-        raise ValueError(f"student_rollouts needs a sampler with mix=0, got mix={sampler.mix}")
-    collate = prompt_collator(trainer, pl_module)
-    sampler.use_tokenizer(pl_module.tokenizer)  # its real vocabulary and fallback EOS/pad ids
-    student = pl_module.student
-    # With mix=0 the teacher writes nothing; the sampler only reads its special ids and logit width.
-    teacher = getattr(pl_module, "teacher", None) or student
-    out = []
-    for start in range(0, len(rows), batch_size):
-        enc = collate.student(rows[start : start + batch_size])  # no teacher-only context here
-        ids, mask = enc["input_ids"].to(pl_module.device), enc["attention_mask"].to(pl_module.device)
-        with step_precision(trainer):  # the trained policy's precision (`distill.precision`)
-            out.append(sampler.sample(student, teacher, ids, mask, seed=seed))
-    return out
+    return _rollouts(trainer, pl_module, rows, sampler, batch_size, seed, "student")
 
 
 def teacher_rollouts(
@@ -80,19 +67,29 @@ def teacher_rollouts(
 ) -> list[RolloutBatch]:
     """Roll out the teacher alone on `rows` (`sampler.mix` must be 1), reading its own prompt view
     (the teacher-only context, when the datamodule has one) as in training."""
-    if sampler.mix != 1:
-        raise ValueError(f"teacher_rollouts needs a sampler with mix=1, got mix={sampler.mix}")
+    return _rollouts(trainer, pl_module, rows, sampler, batch_size, seed, "teacher")
+
+
+def _rollouts(trainer, pl_module, rows, sampler, batch_size, seed, writer: str) -> list[RolloutBatch]:
+    mix = 0 if writer == "student" else 1
+    if sampler.mix != mix:
+        raise ValueError(f"{writer}_rollouts needs a sampler with mix={mix}, got mix={sampler.mix}")
     collate = prompt_collator(trainer, pl_module)
-    sampler.use_tokenizer(pl_module.tokenizer)
+    # The student's prompt alone (no teacher-only context), or both views for the teacher.
+    encode = collate.student if writer == "student" else collate
+    sampler.use_tokenizer(pl_module.tokenizer)  # its real vocabulary and fallback EOS/pad ids
+    student = pl_module.student
+    # With mix=0 the teacher writes nothing; the sampler only reads its special ids and logit width.
+    teacher = getattr(pl_module, "teacher", None) or student
     out = []
     for start in range(0, len(rows), batch_size):
-        enc = collate(rows[start : start + batch_size])
+        enc = encode(rows[start : start + batch_size])
         views = {k: v.to(pl_module.device) for k, v in enc.items() if isinstance(v, torch.Tensor)}
-        with step_precision(trainer):
+        with step_precision(trainer):  # the trained policy's precision (`distill.precision`)
             out.append(
                 sampler.sample(
-                    pl_module.student,
-                    pl_module.teacher,
+                    student,
+                    teacher,
                     views["input_ids"],
                     views["attention_mask"],
                     seed=seed,
