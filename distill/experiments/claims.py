@@ -22,6 +22,8 @@ A claims file is YAML (e.g. `experiments/claims/v2.yaml`)::
         baseline: tiny_rlvr/distill     # optional: the metric minus the parent run's, for a
                                         #   chained stage (e.g. the gain from RLVR)
         why: ...                        # optional: why this metric, pairing or bound
+        was: on_policy_harder           # optional: the id this claim had in an earlier claims
+                                        #   file, when it differs (`distill report --beside`)
 
 Every knob of the archive that varies must be named once: in `a`/`b`, `within`, `strata` or
 `paired`, so how runs are matched is declared, never inferred. `testable` makes a claim *not
@@ -63,6 +65,7 @@ CLAIM_KEYS = (
     "transform",
     "baseline",
     "why",
+    "was",
 )
 REQUIRED = ("id", "claim", "archive", "metric", "a", "b", "paired", "predicts", "sesoi")
 TESTABLE_KEYS = ("margin", "floor", "ceiling")
@@ -96,6 +99,7 @@ class Claim:
     transform: str | None = None
     baseline: str | None = None
     why: str = ""
+    was: str | None = None  # its id in an earlier claims file, when that differs
 
     @property
     def sweep(self) -> str:
@@ -192,6 +196,8 @@ def _claim(where: str, data: Any) -> Claim:
         raise ClaimsError(f"{where}: missing {missing[0]!r}; required: {', '.join(REQUIRED)}")
     if not isinstance(data["id"], str) or not ID.fullmatch(data["id"]):
         raise ClaimsError(f"{where}.id: {data['id']!r} is not allowed; allowed: [a-z0-9_]+")
+    if data.get("was") is not None and not (isinstance(data["was"], str) and ID.fullmatch(data["was"])):
+        raise ClaimsError(f"{where}.was: {data['was']!r} is not allowed; allowed: [a-z0-9_]+")
     for key in ("archive", "baseline"):
         if data.get(key) is not None and not (isinstance(data[key], str) and ARCHIVE.fullmatch(data[key])):
             raise ClaimsError(
@@ -220,6 +226,7 @@ def _claim(where: str, data: Any) -> Claim:
         else _choice(f"{where}.transform", data["transform"], TRANSFORMS),
         baseline=data.get("baseline"),
         why="" if data.get("why") is None else _text(f"{where}.why", data["why"]),
+        was=data.get("was"),
     )
     groups = [
         ("a", set(a)),

@@ -341,7 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         "without SWEEP_DIR, print the verdict table of every claim in FILE (and write verdicts.md and "
         "verdicts.json into --out if given)",
     )
+    parser.add_argument(
+        "--beside",
+        type=Path,
+        metavar="EARLIER",
+        help="with --claims FILE and no SWEEP_DIR: the outcome table instead, one row per claim (matched "
+        "by id) with FILE's verdict, effect, interval and MDE beside those of the claims file EARLIER",
+    )
     args = parser.parse_args(argv)
+    if args.beside is not None and (args.claims is None or args.sweep_dir is not None):
+        print("distill report: --beside EARLIER needs --claims FILE and no SWEEP_DIR", file=sys.stderr)
+        return 2
     if args.n_boot < 10:
         print(f"distill report: --n-boot must be >= 10, got {args.n_boot}", file=sys.stderr)
         return 2
@@ -351,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir = args.sweep_dir
     try:
         if sweep_dir is None:
-            return _claims_only(args.claims, args.out)
+            return _claims_only(args.claims, args.out, args.beside)
         if args.archive is not None:
             runs = archive(sweep_dir, args.archive)
             refs = [run for run in runs if run.parent.name == REFERENCES]
@@ -368,11 +378,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _claims_only(path: Path, out: Path | None) -> int:
-    """`distill report --claims FILE`: every claim's verdict, printed (and written into `out`)."""
+def _claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> int:
+    """`distill report --claims FILE`: every claim's verdict, printed (and written into `out`);
+    with `--beside EARLIER`, the outcome table of FILE's claims beside EARLIER's."""
     claims = load_claims(path)
     verdicts = verdict_table.family(claims, {})
     size = verdict_table.family_size(verdicts)
+    if earlier is not None:
+        before = load_claims(earlier)
+        old = verdict_table.family(before, {})
+        labels = (claims.world or str(path), before.world or str(earlier))
+        print(
+            f"The claims of `{path}` beside those of `{earlier}`, matched by id; each file's verdicts by "
+            f"its own Holm family ({size} and {verdict_table.family_size(old)} testable claims).\n"
+        )
+        print("\n".join(verdict_table.beside(verdicts, old, labels)))
+        return 0
     print("\n".join([*verdict_table.intro(claims, str(path), size), "", *verdict_table.table(verdicts)]))
     if out is not None:
         verdict_table.write(claims, str(path), verdicts, size, out)

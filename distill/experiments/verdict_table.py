@@ -222,6 +222,43 @@ def write(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int, out
     (out / "verdicts.json").write_text(json.dumps(as_json(claims, name, verdicts, size), indent=1) + "\n")
 
 
+def _cells(v: Verdict | None) -> list[str]:
+    """effect [Holm-adjusted interval], pairs, MDE and verdict of one claim (why, when not testable)."""
+    if v is None:
+        return ["—", "—", "—", "not declared"]
+    shown = v.adjusted or v.estimate
+    mde = _fmt(v.claim, v.mde, False) + _unit(v.claim) if math.isfinite(v.mde) else "—"
+    pairs = str(v.estimate.n) if v.estimate is not None else "0"
+    why = f": {v.reason}" if v.verdict == "not testable" and v.reason else ""
+    return [_interval(v.claim, shown), pairs, mde, f"**{v.verdict}**{why}"]
+
+
+def beside(verdicts: list[Verdict], earlier: list[Verdict], labels: tuple[str, str]) -> list[str]:
+    """The outcome table: one row per claim, this file's verdict beside the earlier file's claim of
+    the same id (or the id its `was` names). Claims only the earlier file declares come last."""
+    now, then = labels
+    header = ["claim", "id"] + [f"{who}: {what}" for who in (now, then) for what in _BESIDE]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_id = {v.claim.id: v for v in earlier}
+    ids = [v.claim.was or v.claim.id for v in verdicts]
+
+    def row(*cells: str) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    for v, was in zip(verdicts, ids, strict=True):
+        named = f"`{v.claim.id}`" + (f" (was `{was}`)" if was != v.claim.id else "")
+        lines.append(row(v.claim.claim, named, *_cells(v), *_cells(by_id.get(was))))
+    lines += [
+        row(v.claim.claim, f"`{v.claim.id}`", *_cells(None), *_cells(v))
+        for v in earlier
+        if v.claim.id not in ids
+    ]
+    return lines
+
+
+_BESIDE = ("effect [Holm-adjusted interval]", "pairs", "MDE (80 %)", "verdict")
+
+
 def section(sweep_dir: Path, sweep_name: str, claims_path: Path, name: str, out: Path) -> list[str]:
     """The report's verdict section for the claims that read this sweep (also written to
     `out/verdicts.md` and `out/verdicts.json`)."""

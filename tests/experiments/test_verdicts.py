@@ -206,6 +206,10 @@ def test_a_knob_left_undeclared_is_refused(tmp_path):
         (("b: {mix: 1}", "b: {lr: 1}"), "sides a {'mix': 0} and b {'lr': 1} are not allowed"),
         (("paired: [seed]", "paired: [lr]"), "knob 'lr' is in both strata and paired"),
         (("metric:", "metrc:"), "unknown key 'metrc'; allowed: id, claim"),
+        (
+            ("  - id: c\n", "  - id: c\n    was: Old-Id\n"),
+            r"\(c\)\.was: 'Old-Id' is not allowed; allowed: \[a-z0-9_\]\+",
+        ),
     ],
 )
 def test_claims_file_errors_are_one_line(tmp_path, edit, message):
@@ -228,3 +232,51 @@ def test_docs_quote_the_generated_v2_verdict_table(capsys):
     assert main(["--claims", str(root / "experiments" / "claims" / "v2.yaml")]) == 0
     printed = capsys.readouterr().out.rstrip("\n")
     assert quoted == printed.replace(str(root) + "/", "")
+
+
+def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):
+    """`distill report --claims NEW --beside OLD`: one row per claim of NEW with OLD's verdict of the
+    same id (or of the id `was` names); claims only OLD declares come last; each file its own family."""
+    from distill.experiments.report import main
+
+    _archive(
+        tmp_path / "old" / "results", "up", lambda mix, lr, seed: 0.4 + 0.1 * (mix == 0) + 0.004 * seed * mix
+    )
+    _archive(
+        tmp_path / "new" / "results", "up", lambda mix, lr, seed: 0.4 - 0.1 * (mix == 0) + 0.004 * seed * mix
+    )
+    (tmp_path / "old").mkdir(exist_ok=True)
+    old = _claims(
+        tmp_path / "old",
+        [("same", "up", "increase"), ("renamed", "up", "increase"), ("gone", "up", "increase")],
+    )
+    new = _claims(
+        tmp_path / "new",
+        [("same", "up", "increase"), ("split", "up", "increase"), ("fresh", "missing", "increase")],
+    )
+    new.write_text(new.read_text().replace("  - id: split\n", "  - id: split\n    was: renamed\n"))
+    assert main(["--claims", str(new), "--beside", str(old)]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.split(" | ")[1]: line.split(" | ")
+        for line in out.splitlines()
+        if line.startswith("| ") and "`" in line
+    }
+    assert list(rows) == ["`same`", "`split` (was `renamed`)", "`fresh`", "`gone`"]
+    assert rows["`same`"][5] == "**contradicted**" and rows["`same`"][9].startswith("**replicated**")
+    assert rows["`same`"][2].startswith("-10.4 pp [") and rows["`same`"][6].startswith("+9.6 pp [")
+    assert rows["`split` (was `renamed`)"][9].startswith("**replicated**")
+    assert rows["`fresh`"][5] == "**no runs yet**" and rows["`fresh`"][9].startswith("not declared")
+    assert rows["`gone`"][5] == "not declared" and rows["`gone`"][9].startswith("**replicated**")
+    assert "(3 and 3 testable claims)" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--beside", "old.yaml"], ["sweep", "--claims", "new.yaml", "--beside", "old.yaml"]],
+)
+def test_beside_needs_claims_and_no_sweep(argv, capsys):
+    from distill.experiments.report import main
+
+    assert main(argv) == 2
+    assert "--beside EARLIER needs --claims FILE and no SWEEP_DIR" in capsys.readouterr().err
