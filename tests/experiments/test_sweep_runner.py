@@ -215,3 +215,29 @@ def test_devices_must_split_evenly_over_jobs(grid_spec, fake_fit, tmp_path, caps
     assert not (tmp_path / "runs").exists()  # nothing ran
     assert main([str(grid_spec), "--devices", "0,0"], fit_prefix=fake_fit) == 2
     assert "--devices must be distinct GPU ids >= 0 separated by commas, got '0,0'" in capsys.readouterr().err
+
+
+def test_a_tiny_world_not_installed_fails_before_any_run(grid_spec, fake_fit, tmp_path, monkeypatch, capsys):
+    """A sweep on a fresh machine names the missing model once, with the command that installs it,
+    and launches nothing (it used to fail every run in turn); a model an override names counts too."""
+    monkeypatch.setenv("DISTILL_CACHE", str(tmp_path / "empty-cache"))
+    base = tmp_path / "base.yaml"
+    base.write_text(base.read_text() + "model: {init_args: {student: tiny-world:student}}\n")
+    assert main([str(grid_spec)], fit_prefix=fake_fit) == 2
+    err = capsys.readouterr().err
+    assert f"{base}: model.init_args.student: no model directory at" in err
+    assert "tiny-world-v3/student" in err and "(run `distill tiny-world` first)" in err
+    assert not (tmp_path / "runs").exists()
+    # installed (a config.json is all the check reads besides weight headers): the override's model next
+    (tmp_path / "empty-cache" / "tiny-world-v3" / "student").mkdir(parents=True)
+    (tmp_path / "empty-cache" / "tiny-world-v3" / "student" / "config.json").write_text("{}")
+    grid_spec.write_text(
+        grid_spec.read_text().replace(
+            "trainer.max_steps: 60", "trainer.max_steps: 60, model.init_args.teacher: tiny-world-v2:teacher"
+        )
+    )
+    assert main([str(grid_spec)], fit_prefix=fake_fit) == 2
+    err = capsys.readouterr().err
+    assert "mix=0,seed=0: model.teacher: no model directory at" in err
+    assert "(run `distill tiny-world --version v2` first)" in err
+    assert main([str(grid_spec), "--dry-run"], fit_prefix=fake_fit) == 0  # a dry run only lists
