@@ -1,5 +1,5 @@
 """The environment each fit of a sweep runs in: the shared teacher-rollout cache, its share of the
-CPU cores, and (with `distill sweep --devices`) its own GPUs."""
+CPU cores, (with `distill sweep --devices`) its own GPUs, and the tiny-world models it loads."""
 
 from __future__ import annotations
 
@@ -34,4 +34,37 @@ def child_env(out: Path, jobs: int, cpus: int | None = None) -> dict[str, str]:
     return env
 
 
-__all__ = ["ROLLOUT_CACHE_ENV", "child_env", "device_groups"]
+__all__ = ["ROLLOUT_CACHE_ENV", "check_tiny_world", "child_env", "device_groups"]
+
+
+def _strings(value, key: str = "") -> list[tuple[str, str]]:
+    """(dotted key, string) of every string in a parsed config."""
+    if isinstance(value, str):
+        return [(key, value)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _strings(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [s for i, v in enumerate(value) for s in _strings(v, f"{key}[{i}]")]
+    return []
+
+
+def check_tiny_world(runs: list, base: list[Path]) -> None:
+    """Every `tiny-world[-vN]:NAME` that the runs' configs (a run's own `base`, else `base`) and
+    overrides name is installed: a sweep on a fresh machine fails here, before any compute, not once
+    per run. Raises the first missing model's `FileNotFoundError` (where it is named, its path and
+    the command that installs it)."""
+    import yaml
+
+    from distill.models import tiny_world_names
+    from distill.models.loading import check_model_path
+
+    named: dict[str, str] = {}  # model -> where it is first named
+    for path in sorted({p for run in runs for p in (run.base or base)}):
+        for key, value in _strings(yaml.safe_load(Path(path).read_text())):
+            named.setdefault(value, f"{path}: {key}")
+    for run in runs:
+        for key, value in _strings(run.overrides):
+            named.setdefault(value, f"{run.name}: {key}")
+    for value, where in named.items():
+        if tiny_world_names.split_name(value) is not None:
+            check_model_path(value, where)

@@ -45,7 +45,12 @@ from distill.experiments.archive import (
     copy_records,
     served_from_archive,
 )
-from distill.experiments.fit_env import ROLLOUT_CACHE_ENV, child_env, device_groups  # noqa: F401 (re-exported)
+from distill.experiments.fit_env import (  # noqa: F401 (ROLLOUT_CACHE_ENV re-exported)
+    ROLLOUT_CACHE_ENV,
+    check_tiny_world,
+    child_env,
+    device_groups,
+)
 from distill.experiments.records import spec_fingerprint, write_sweep_record
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
@@ -164,39 +169,6 @@ def run_sweep(
     finally:
         progress.close()
     return result
-
-
-def _strings(value, key: str = "") -> list[tuple[str, str]]:
-    """(dotted key, string) of every string in a parsed config."""
-    if isinstance(value, str):
-        return [(key, value)]
-    if isinstance(value, dict):
-        return [s for k, v in value.items() for s in _strings(v, f"{key}.{k}" if key else str(k))]
-    if isinstance(value, (list, tuple)):
-        return [s for i, v in enumerate(value) for s in _strings(v, f"{key}[{i}]")]
-    return []
-
-
-def check_tiny_world(spec: SweepSpec, runs: list[Run]) -> None:
-    """Every `tiny-world[-vN]:NAME` the runs' configs and overrides name is installed: a sweep on a
-    fresh machine fails here, before any compute, not once per run (`distill tiny-world` first).
-    Raises the first missing model's `FileNotFoundError` (where it is named, its path and the
-    command that installs it)."""
-    import yaml
-
-    from distill.models import tiny_world_names
-    from distill.models.loading import check_model_path
-
-    named: dict[str, str] = {}  # model -> where it is first named
-    for path in sorted({p for run in runs for p in (run.base or spec.base)}):
-        for key, value in _strings(yaml.safe_load(Path(path).read_text())):
-            named.setdefault(value, f"{path}: {key}")
-    for run in runs:
-        for key, value in _strings(run.overrides):
-            named.setdefault(value, f"{run.name}: {key}")
-    for value, where in named.items():
-        if tiny_world_names.split_name(value) is not None:
-            check_model_path(value, where)
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -391,7 +363,7 @@ def main(
         return 2
     if not args.emit_slurm and not args.dry_run:  # the jobs of a cluster may see another cache
         try:
-            check_tiny_world(spec, runs)
+            check_tiny_world(runs, spec.base)
         except (FileNotFoundError, ValueError) as err:
             print(f"distill sweep: {args.spec}: {err}", file=sys.stderr)
             return 2
