@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         metavar="EARLIER",
         help="with --claims FILE and no SWEEP_DIR: the outcome table instead, one row per claim (matched "
-        "by id) with FILE's verdict, effect, interval and MDE beside those of the claims file EARLIER",
+        "by id) with FILE's verdict, effect, interval and MDE beside those of the claims file EARLIER "
+        "(and written as outcome.md into --out if given)",
     )
     args = parser.parse_args(argv)
     if args.beside is not None and (args.claims is None or args.sweep_dir is not None):
@@ -388,11 +389,16 @@ def _claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> i
         before = load_claims(earlier)
         old = verdict_table.family(before, {})
         labels = (claims.world or str(path), before.world or str(earlier))
-        print(
+        lines = [
             f"The claims of `{path}` beside those of `{earlier}`, matched by id; each file's verdicts by "
-            f"its own Holm family ({size} and {verdict_table.family_size(old)} testable claims).\n"
-        )
-        print("\n".join(verdict_table.beside(verdicts, old, labels)))
+            f"its own Holm family ({size} and {verdict_table.family_size(old)} testable claims).",
+            "",
+            *verdict_table.beside(verdicts, old, labels),
+        ]
+        print("\n".join(lines))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "outcome.md").write_text("\n".join(lines) + "\n")
         return 0
     print("\n".join([*verdict_table.intro(claims, str(path), size), "", *verdict_table.table(verdicts)]))
     if out is not None:

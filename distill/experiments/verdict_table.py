@@ -102,14 +102,20 @@ def _method(est: Estimate | None) -> str:
     return f"{how}, {100 * est.level:.4g} %"
 
 
+def _mde(v: Verdict) -> str:
+    return _fmt(v.claim, v.mde, False) + _unit(v.claim) if math.isfinite(v.mde) else "—"
+
+
+def _pairs(v: Verdict) -> str:
+    return str(v.estimate.n) if v.estimate is not None else "0"
+
+
 def rows(verdicts: list[Verdict]) -> list[list[str]]:
     out = []
     for v in verdicts:
         c = v.claim
         per = "; ".join(f"{label}: {_interval(c, e)}" for label, e in v.strata) if len(v.strata) > 1 else ""
         verdict = f"**{v.verdict}**" + (f": {v.reason}" if v.reason else "")
-        mde = _fmt(c, v.mde, False) + _unit(c) if math.isfinite(v.mde) else "—"
-        pairs = str(v.estimate.n) if v.estimate is not None else "0"
         shown = v.adjusted or v.estimate
         out.append(
             [
@@ -120,8 +126,8 @@ def rows(verdicts: list[Verdict]) -> list[list[str]]:
                 _interval(c, shown),
                 _method(shown),
                 per or "—",
-                pairs,
-                mde,
+                _pairs(v),
+                _mde(v),
                 verdict,
             ]
         )
@@ -226,11 +232,8 @@ def _cells(v: Verdict | None) -> list[str]:
     """effect [Holm-adjusted interval], pairs, MDE and verdict of one claim (why, when not testable)."""
     if v is None:
         return ["—", "—", "—", "not declared"]
-    shown = v.adjusted or v.estimate
-    mde = _fmt(v.claim, v.mde, False) + _unit(v.claim) if math.isfinite(v.mde) else "—"
-    pairs = str(v.estimate.n) if v.estimate is not None else "0"
     why = f": {v.reason}" if v.verdict == "not testable" and v.reason else ""
-    return [_interval(v.claim, shown), pairs, mde, f"**{v.verdict}**{why}"]
+    return [_interval(v.claim, v.adjusted or v.estimate), _pairs(v), _mde(v), f"**{v.verdict}**{why}"]
 
 
 def beside(verdicts: list[Verdict], earlier: list[Verdict], labels: tuple[str, str]) -> list[str]:

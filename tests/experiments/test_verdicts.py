@@ -255,8 +255,9 @@ def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, caps
         [("same", "up", "increase"), ("split", "up", "increase"), ("fresh", "missing", "increase")],
     )
     new.write_text(new.read_text().replace("  - id: split\n", "  - id: split\n    was: renamed\n"))
-    assert main(["--claims", str(new), "--beside", str(old)]) == 0
+    assert main(["--claims", str(new), "--beside", str(old), "--out", str(tmp_path / "report")]) == 0
     out = capsys.readouterr().out
+    assert (tmp_path / "report" / "outcome.md").read_text() == out
     rows = {
         line.split(" | ")[1]: line.split(" | ")
         for line in out.splitlines()
