@@ -53,6 +53,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -186,19 +187,21 @@ def build(
     assets: Path | None = None,
     every: datetime.timedelta | int = CHECKPOINT_EVERY,
     install: bool = True,
+    trained: Callable[[str, Path], None] | None = None,
 ) -> dict:
     """Build (or reuse) a tiny world in `out`; returns the quality figures.
 
-    Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
-    committed build (`assets`, byte-identical to what training produces here, see `verify`) is
-    installed instead of retrained, unless `out` holds models of an interrupted or failed build of
-    this recipe: then the build resumes, and each model already trained in `out` with the same
-    recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
-    retrains everything). A model checkpoints its training state every `every` (wall time, or an
-    int: optimiser steps) into `out/.checkpoints/NAME`, so a build killed mid-model resumes there
-    with the weights an uninterrupted build would have. `install=False` never installs the committed
-    build (a resumable `verify` trains every model). After training, every bar of the recipe is checked; a missed bar raises
-    `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
+        Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
+        committed build (`assets`, byte-identical to what training produces here, see `verify`) is
+        installed instead of retrained, unless `out` holds models of an interrupted or failed build of
+        this recipe: then the build resumes, and each model already trained in `out` with the same
+        recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
+        retrains everything). A model checkpoints its training state every `every` (wall time, or an
+        int: optimiser steps) into `out/.checkpoints/NAME`, so a build killed mid-model resumes there
+        with the weights an uninterrupted build would have. `install=False` never installs the committed
+        build (a resumable `verify` trains every model). `trained(name, folder)` is called as each model
+    is saved or reused, before it is measured (`verify` compares it there). After training, every bar of the recipe is checked; a missed bar raises
+        `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
     if not force and _is_built(out, recipe):
@@ -262,6 +265,8 @@ def build(
                 ),
             )
             shutil.rmtree(checkpoints)  # the model is saved: its training state is not needed
+        if trained is not None:
+            trained(name, out / name)
         quality[f"{quality_key(name)}_train_seconds"] = seconds
         models[name] = model
         log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
@@ -341,22 +346,29 @@ def verify(recipe: Recipe = V2, committed: Path | None = None, work: Path | None
         _claim_verify_folder(Path(work))
     from safetensors.torch import load_file
 
+    same: dict[str, bool] = {}
+
+    def compare(name: str, folder: Path) -> None:  # as each model is trained: a mismatch shows early
+        ours = load_file(Path(folder) / "model.safetensors")
+        theirs = load_file(committed / name / "model.safetensors")
+        same[name] = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+        print(
+            f"[tiny-world] {name}: {'identical to' if same[name] else 'DIFFERS from'} the committed build",
+            flush=True,
+        )
+
     with tempfile.TemporaryDirectory() if work is None else contextlib.nullcontext(work) as tmp:
         try:
             if work is None:
-                build(Path(tmp), recipe, force=True)
+                build(Path(tmp), recipe, force=True, trained=compare)
             else:
-                build(Path(work), recipe, install=False)
+                build(Path(work), recipe, install=False, trained=compare)
         except BarsMissed as err:  # the weights are what is compared; the bars were checked at build
             print(f"[tiny-world] note: {err}")
-        same = True
         for name, _ in recipe.models:
-            ours = load_file(Path(tmp) / name / "model.safetensors")
-            theirs = load_file(committed / name / "model.safetensors")
-            equal = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-            print(f"[tiny-world] {name}: {'identical to' if equal else 'DIFFERS from'} the committed build")
-            same &= equal
-    return same
+            if name not in same:  # a build that did not report it
+                compare(name, Path(tmp) / name)
+    return all(same.values())
 
 
 VERIFY_MARKER = ".tiny-world-verify"  # in a folder `verify` retrains in: what it holds was trained there

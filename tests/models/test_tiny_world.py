@@ -123,7 +123,7 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
 
     rebuilt = []
 
-    def copy(out, recipe, force):
+    def copy(out, recipe, force, trained):
         rebuilt.append((recipe, force))
         shutil.copytree(quick_world, out, dirs_exist_ok=True)
 
@@ -170,7 +170,7 @@ def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_com
 
     calls = []
 
-    def build(out, recipe, force=False, install=True):
+    def build(out, recipe, force=False, install=True, trained=None):
         calls.append((out, recipe, force, install))
         shutil.copytree(quick_world, out, dirs_exist_ok=True)
 
@@ -545,3 +545,33 @@ def test_the_sampled_style_share_and_the_facts_split_count_what_the_model_writes
     assert evaluation.tinysci_by_facts(questions, scores) == {"own": 1.0, "other": 0.0}
     own = sum(own)
     assert 0 < own < 300  # both parts are populated at this size
+
+
+def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_path, monkeypatch, capsys):
+    """A verification that stops part way (a session's end, a kill) has already said which of its
+    trained models match: each is compared when the build reports it, once."""
+    import shutil
+
+    import distill.models.tiny_world as tw
+
+    names = [name for name, _ in tw.QUICK.models]
+
+    def build_then_stop(out, recipe, force=False, install=True, trained=None):
+        shutil.copytree(quick_world / names[0], out / names[0])
+        trained(names[0], out / names[0])
+        raise KeyboardInterrupt("stopped after the first model")
+
+    monkeypatch.setattr(tw, "build", build_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        tw.verify(tw.QUICK, committed=quick_world)
+    assert capsys.readouterr().out == f"[tiny-world] {names[0]}: identical to the committed build\n"
+
+    def build_all(out, recipe, force=False, install=True, trained=None):
+        shutil.copytree(quick_world, out, dirs_exist_ok=True)
+        for name in names:
+            trained(name, out / name)
+
+    monkeypatch.setattr(tw, "build", build_all)
+    assert tw.verify(tw.QUICK, committed=quick_world)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"[tiny-world] {name}: identical to the committed build" for name in names]
