@@ -48,19 +48,26 @@ import contextlib
 import datetime
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
 
 from distill.models.tiny import char_tokenizer
+from distill.models.tiny_world_folders import (
+    MODEL_RECORD,
+    checkpoint_folder,
+    finished_model,
+    is_built,
+    recipe_json,
+    replace_dir,
+    stamp_of,
+    unfinished,
+)
 from distill.models.tiny_world_names import (
     DEFAULT_VERSION,
     LEGACY_FOLDER,
@@ -70,7 +77,7 @@ from distill.models.tiny_world_names import (
 )
 from distill.models.tiny_world_quality import measure_family, measure_model, quality_key
 from distill.models.tiny_world_recipes import COMMITTED, QUICK, V1, V2, V3, VERSIONS, Bar, ModelRecipe, Recipe
-from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, corpus_digest, duration, train_model
+from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, duration, train_model
 from distill.runinfo import write_json_atomic
 
 __all__ = [
@@ -108,72 +115,11 @@ def world_of(model_dir: str | Path) -> dict | None:
     except (OSError, ValueError):
         return None
     named = {**VERSIONS, "quick": QUICK}
-    version = next((v for v, r in named.items() if quality.get("recipe") == _recipe_json(r)), "custom")
+    version = next((v for v, r in named.items() if quality.get("recipe") == recipe_json(r)), "custom")
     return {"version": version, "model": folder.name, "fingerprint": hashlib.sha256(weights).hexdigest()[:16]}
 
 
 # --- building ------------------------------------------------------------------------------------
-
-
-def _model_json(model: ModelRecipe) -> dict:
-    record = json.loads(json.dumps(asdict(model)))
-    if record["style_rate"] == 1.0:  # the default, left out: records and stamps made before the field
-        del record["style_rate"]
-    return record
-
-
-def _recipe_json(recipe: Recipe) -> dict:
-    record = json.loads(json.dumps(asdict(recipe)))
-    if record["measured"] is None:  # v1/v2 (committed before the field): their records as built
-        del record["measured"]
-    record["models"] = [[name, _model_json(model)] for name, model in recipe.models]
-    return record
-
-
-def _is_built(out: Path, recipe: Recipe) -> bool:
-    try:
-        quality = json.loads((out / "quality.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        quality.get("recipe") == _recipe_json(recipe)
-        and not quality.get("failed_bars")
-        and all((out / m / "config.json").exists() for m, _ in recipe.models)
-    )
-
-
-MODEL_RECORD = "tiny_world.json"  # beside each trained model: what made it, how long it took
-
-
-def _stamp(recipe: Recipe, name: str) -> dict:
-    """Everything that determines a model's weights: its recipe and those of the models it starts
-    from, what each read (`corpus_digest`), the seed and the thread count."""
-    chain, current = {}, name
-    while current is not None:
-        chain[current] = _model_json(recipe.model(current))
-        current = recipe.model(current).init_from
-    corpus = {m: corpus_digest(recipe.model(m), recipe.seed) for m in chain}
-    return {"name": name, "models": chain, "corpus": corpus, "seed": recipe.seed, "threads": recipe.threads}
-
-
-def _record_matches(folder: Path, stamp: dict) -> bool:
-    """`folder` holds a complete model trained from `stamp` (an earlier build's, kept on resume)."""
-    try:
-        record = json.loads((folder / MODEL_RECORD).read_text())
-    except (OSError, ValueError):
-        return False
-    return record.get("stamp") == stamp and all(
-        (folder / f).is_file() for f in ("config.json", "model.safetensors")
-    )
-
-
-def _finished_model(folder: Path, stamp: dict):
-    """(model, train seconds) when `folder` holds a model trained from `stamp`, else None."""
-    if not _record_matches(folder, stamp):
-        return None
-    record = json.loads((folder / MODEL_RECORD).read_text())
-    model = LlamaForCausalLM.from_pretrained(folder)
-    return model.eval(), float(record.get("train_seconds", 0.0))
 
 
 class BarsMissed(RuntimeError):
@@ -204,21 +150,21 @@ def build(
         `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
-    if not force and _is_built(out, recipe):
+    if not force and is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
     if (
         install
         and not force
-        and not _unfinished(out, recipe)
+        and not unfinished(out, recipe)
         and assets is not None
-        and _is_built(assets, recipe)
+        and is_built(assets, recipe)
     ):
         print(f"[tiny-world] installing the committed build into {out} (`--force` retrains it)")
         for extra in ("quality.json", "build.log"):
             (out / extra).unlink(missing_ok=True)
         for name, _ in recipe.models:
-            _replace_dir(out / name, lambda tmp, name=name: shutil.copytree(assets / name, tmp))
+            replace_dir(out / name, lambda tmp, name=name: shutil.copytree(assets / name, tmp))
         for extra in ("quality.json", "build.log"):
             if (assets / extra).exists():
                 shutil.copyfile(assets / extra, out / extra)
@@ -235,8 +181,8 @@ def build(
     resumed: list[str] = []
     reused_seconds = 0.0
     for name, model_recipe in recipe.models:
-        stamp = _stamp(recipe, name)
-        done = None if force else _finished_model(out / name, stamp)
+        stamp = stamp_of(recipe, name)
+        done = None if force else finished_model(out / name, stamp)
         if done is not None:  # trained by an earlier, interrupted or failed build with this recipe
             model, seconds = done
             log(f"reusing {name}: trained earlier with the same recipe and seed ({duration(seconds)})")
@@ -244,7 +190,7 @@ def build(
             reused_seconds += seconds
         else:
             init = models[model_recipe.init_from] if model_recipe.init_from else None
-            checkpoints = _checkpoints(out, name, stamp, force)
+            checkpoints = checkpoint_folder(out, name, stamp, force)
             model, seconds = train_model(
                 model_recipe,
                 tokenizer,
@@ -256,7 +202,7 @@ def build(
                 every=every,
             )
             record = {"stamp": stamp, "train_seconds": seconds}
-            _replace_dir(
+            replace_dir(
                 out / name,
                 lambda tmp, model=model, record=record: (
                     model.save_pretrained(tmp),
@@ -278,7 +224,7 @@ def build(
     quality["threads"] = torch.get_num_threads()
     failed = [f"{b} (got {quality[b.key]:.3f})" for b in recipe.bars if not b.holds(quality[b.key])]
     quality["failed_bars"] = failed
-    quality["recipe"] = _recipe_json(recipe)
+    quality["recipe"] = recipe_json(recipe)
     write_json_atomic(out / "quality.json", quality)
     log(f"done in {duration(quality['build_seconds'])}; quality figures in {out / 'quality.json'}")
     log("every validity bar met" if not failed else "FAILED validity bars: " + "; ".join(failed))
@@ -287,48 +233,6 @@ def build(
             f"the tiny world in {out} misses {len(failed)} validity bar(s): " + "; ".join(failed)
         )
     return quality
-
-
-CHECKPOINTS = ".checkpoints"  # out/.checkpoints/NAME: a model's training state while it trains
-
-
-def _unfinished(out: Path, recipe: Recipe) -> bool:
-    """`out` holds models or training state of an interrupted or failed build of `recipe`."""
-    return any(
-        _record_matches(out / name, _stamp(recipe, name))
-        or _checkpoint_matches(out, name, _stamp(recipe, name))
-        for name, _ in recipe.models
-    )
-
-
-def _checkpoint_matches(out: Path, name: str, stamp: dict) -> bool:
-    """`out` holds training state of `name` from a build with the same stamp (an interrupted one)."""
-    try:
-        record = json.loads((out / CHECKPOINTS / name / MODEL_RECORD).read_text())
-    except (OSError, ValueError):
-        return False
-    return record.get("stamp") == stamp
-
-
-def _checkpoints(out: Path, name: str, stamp: dict, force: bool) -> Path:
-    """The folder `name` checkpoints into: one of the same stamp (recipe, corpus, seed, threads)
-    is resumed; any other, or any with `force`, is emptied first."""
-    folder = out / CHECKPOINTS / name
-    if force or not _checkpoint_matches(out, name, stamp):
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        write_json_atomic(folder / MODEL_RECORD, {"stamp": stamp})
-    return folder
-
-
-def _replace_dir(target: Path, fill) -> None:
-    """Fill a temporary folder, then swap it in: an interrupted build never leaves a half model."""
-    tmp = target.parent / f".{target.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fill(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
 
 
 def verify(recipe: Recipe = V2, committed: Path | None = None, work: Path | None = None) -> bool:
@@ -435,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or default_dir(version)
     recipe = QUICK if args.quick else VERSIONS[version]
     asked = args.quick or args.version or args.force
-    if not (asked or committed_build(recipe) or _is_built(out, recipe) or _unfinished(out, recipe)):
+    if not (asked or committed_build(recipe) or is_built(out, recipe) or unfinished(out, recipe)):
         # The default world without a committed build: training it takes hours, so only on request.
         print(
             f"[tiny-world] error: {version}, the default world, has no committed build yet: "

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from distill.models import tiny_world as tw
+from distill.models import tiny_world_folders as folders
 from distill.models.tiny_world_train import MixtureStream
 
 
@@ -56,7 +57,7 @@ def test_a_killed_build_resumes_mid_model_with_the_same_weights(quick_world, tmp
         [sys.executable, str(script), str(out), str(marker)], capture_output=True, text=True
     )
     assert first.returncode == -9 and marker.exists(), first.stderr[-2000:]
-    assert (out / tw.CHECKPOINTS / "teacher" / "last.ckpt").is_file() and not (out / "teacher").exists()
+    assert (out / folders.CHECKPOINTS / "teacher" / "last.ckpt").is_file() and not (out / "teacher").exists()
     second = subprocess.run(
         [sys.executable, str(script), str(out), str(marker)], capture_output=True, text=True
     )
@@ -65,7 +66,7 @@ def test_a_killed_build_resumes_mid_model_with_the_same_weights(quick_world, tmp
         "training teacher (from scratch): 2x64, 30 steps, batch 32, resuming at step 10"
         in (out / "build.log").read_text()
     )
-    assert not (out / tw.CHECKPOINTS / "teacher").exists()  # dropped once the model is saved
+    assert not (out / folders.CHECKPOINTS / "teacher").exists()  # dropped once the model is saved
     for name, _ in tw.QUICK.models:  # the quick_world fixture: the same recipe, never interrupted
         ours, theirs = (
             load_file(out / name / "model.safetensors"),

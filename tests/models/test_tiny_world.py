@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+import distill.models.tiny_world_folders as folders
 from distill.models.tiny import CHARS, TAG_TOKENS, char_tokenizer
 from distill.models.tiny_world_recipes import QUICK
 from distill.models.tiny_world_train import MixtureStream
@@ -203,7 +204,7 @@ def test_every_version_has_a_committed_build_matching_its_recipe_and_bars():
     for version in tw.COMMITTED:
         recipe = tw.VERSIONS[version]
         assert tw.committed_build(recipe) == tw.assets_dir(version)
-        assert tw._is_built(tw.assets_dir(version), recipe), version
+        assert folders.is_built(tw.assets_dir(version), recipe), version
         quality = json.loads((tw.assets_dir(version) / "quality.json").read_text())
         assert quality.get("failed_bars", []) == [], version  # v1's record predates the field
         assert all(b.holds(quality[b.key]) for b in recipe.bars), version
@@ -297,7 +298,7 @@ def test_a_missed_bar_fails_the_build_and_the_world_is_not_reused(tmp_path):
         tw.build(tmp_path / "w", strict)
     quality = json.loads((tmp_path / "w" / "quality.json").read_text())
     assert quality["failed_bars"] == [f"teacher_countdown3 >= 0.99 (got {quality['teacher_countdown3']:.3f})"]
-    assert not tw._is_built(tmp_path / "w", strict)
+    assert not folders.is_built(tmp_path / "w", strict)
     assert "FAILED validity bars: teacher_countdown3 >= 0.99" in (tmp_path / "w" / "build.log").read_text()
     with pytest.raises(SystemExit):  # a random-quality world must name its folder
         tw.main(["--quick"])
@@ -386,7 +387,7 @@ def test_the_default_world_without_a_committed_build_stops_unless_asked(tmp_path
     assert built == [(tmp_path / f"tiny-world-{tw.DEFAULT_VERSION}", default, False)] + [
         (tmp_path / f"tiny-world-{tw.DEFAULT_VERSION}", default, True)
     ]
-    monkeypatch.setattr(tw, "_unfinished", lambda out, recipe: recipe == default)
+    monkeypatch.setattr(tw, "unfinished", lambda out, recipe: recipe == default)
     assert tw.main([]) == 0 and len(built) == 3  # an interrupted build resumes without a flag
     assert tw.main(["--version", "v2"]) == 0 and built[-1] == (tmp_path / "tiny-world-v2", tw.V2, False)
 
@@ -417,8 +418,8 @@ def test_an_interrupted_build_resumes_from_its_trained_models(quick_world, tmp_p
     es = replace(tw.QUICK.model("teacher-es"), steps=5)
     changed = replace(tw.QUICK, models=(*tw.QUICK.models[:2], ("teacher-es", es)))
     assert tw.build(out, changed)["resumed_models"] == ["teacher", "student"]
-    assert tw._stamp(changed, "teacher-es") != tw._stamp(tw.QUICK, "teacher-es")
-    assert tw._stamp(changed, "teacher") == tw._stamp(tw.QUICK, "teacher")
+    assert folders.stamp_of(changed, "teacher-es") != folders.stamp_of(tw.QUICK, "teacher-es")
+    assert folders.stamp_of(changed, "teacher") == folders.stamp_of(tw.QUICK, "teacher")
     # --force retrains everything (a world of the first two models: the rule, at half the cost).
     two = replace(tw.QUICK, models=tw.QUICK.models[:2])
     assert tw.build(out, two, force=True)["resumed_models"] == []
@@ -432,9 +433,9 @@ def test_a_changed_task_generator_changes_the_stamp_so_a_resumed_build_retrains(
 
     # the committed build's records carry the stamps this code computes
     for name, _ in tw.V2.models:
-        record = json.loads((tw.assets_dir("v2") / name / tw.MODEL_RECORD).read_text())
-        assert record["stamp"] == tw._stamp(tw.V2, name), name
-    before = {name: tw._stamp(tw.V2, name) for name in ("student", "teacher-sci")}
+        record = json.loads((tw.assets_dir("v2") / name / folders.MODEL_RECORD).read_text())
+        assert record["stamp"] == folders.stamp_of(tw.V2, name), name
+    before = {name: folders.stamp_of(tw.V2, name) for name in ("student", "teacher-sci")}
     original = train._chunk
 
     def reworded(task, n, seed):
@@ -444,7 +445,7 @@ def test_a_changed_task_generator_changes_the_stamp_so_a_resumed_build_retrains(
     monkeypatch.setattr(train, "_chunk", reworded)
     train.corpus_digest.cache_clear()
     try:
-        after = {name: tw._stamp(tw.V2, name) for name in ("student", "teacher-sci")}
+        after = {name: folders.stamp_of(tw.V2, name) for name in ("student", "teacher-sci")}
     finally:
         train.corpus_digest.cache_clear()
     for name in before:
@@ -486,7 +487,7 @@ def test_a_v3_shaped_world_measures_its_variants_and_the_teachers_lead(tmp_path)
         ["countdown_chain", 8],
         ["countdown3_large", 8],
     ]
-    assert "measured" not in tw._recipe_json(tw.V2)  # v2's record as committed
+    assert "measured" not in folders.recipe_json(tw.V2)  # v2's record as committed
     assert tw.committed_build(V3) == tw.assets_dir("v3") and tw.default_dir("v3").name == "tiny-world-v3"
 
 
@@ -511,9 +512,11 @@ def test_a_style_rate_writes_that_share_of_the_rows_in_the_style_and_leaves_rate
     share = sum(styled) / len(styled)
     assert 0.45 < share < 0.55, share  # ~1,500 rows: 0.5 +- 3 standard errors
     assert rows(dataclasses.replace(es, style_rate=1.0)) == full
-    assert "style_rate" not in tw._model_json(es)  # rate 1: left out, so older stamps still match
-    assert tw._model_json(tw.V3.model("teacher-es"))["style_rate"] == 0.5
-    assert tw._stamp(tw.V3, "teacher")["models"]["teacher"] == tw._model_json(tw.V3.model("teacher"))
+    assert "style_rate" not in folders.model_json(es)  # rate 1: left out, so older stamps still match
+    assert folders.model_json(tw.V3.model("teacher-es"))["style_rate"] == 0.5
+    assert folders.stamp_of(tw.V3, "teacher")["models"]["teacher"] == folders.model_json(
+        tw.V3.model("teacher")
+    )
     with pytest.raises(ValueError, match=r"style_rate must be in \[0, 1\], got 1.5"):
         dataclasses.replace(es, style_rate=1.5)
 
