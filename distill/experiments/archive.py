@@ -31,11 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from distill.experiments import rundirs
-from distill.experiments.records import ARCHIVED_TAGS, CURVES, SWEEP_RECORD, read_curves, read_sweep_record
+from distill.experiments.records import ARCHIVED_TAGS, CURVES, read_curves
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import TEST_METRICS
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
 from distill.experiments.spec import Run
+from distill.experiments.sweep_record import SWEEP_RECORD, read_sweep_record
 from distill.rundir import METRICS
 
 RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS, TEST_METRICS)
@@ -74,7 +75,7 @@ def write_curves(run_dir: Path, path: Path) -> None:
 
 def check_destination(sweep_dir: Path, dest: Path, wanted: set[Path], fingerprint: str | None) -> None:
     """Refuse an archive `dest` that is a file, inside `sweep_dir` or holding it, or that holds
-    another sweep: a `sweep.json` whose fingerprint (`records.spec_fingerprint`) is not
+    another sweep: a `sweep.json` whose fingerprint (`sweep_record.spec_fingerprint`) is not
     `fingerprint`, or (without fingerprints to compare) runs whose paths relative to the sweep
     directory are not in `wanted`. Two sweeps never mix in one archive; one with this sweep's
     fingerprint may hold runs the sweep directory lacks (a sweep resumed on a fresh clone)."""

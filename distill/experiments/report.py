@@ -50,7 +50,7 @@ from distill.experiments import stages, tables, verdict_table
 from distill.experiments.analysis import N_BOOT, Importance, factor_importance
 from distill.experiments.archive import ArchiveError, archive
 from distill.experiments.axes import format_value
-from distill.experiments.claims import ClaimsError, load_claims
+from distill.experiments.claims import ClaimsError
 from distill.experiments.effects import effect_metrics, effects_section
 from distill.experiments.records import (
     CURVE_TAGS,
@@ -59,11 +59,11 @@ from distill.experiments.records import (
     knob_values,
     load_records,
     metric_names,
-    read_sweep_record,
     write_csv,
 )
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import load_references
+from distill.experiments.sweep_record import read_sweep_record
 from distill.experiments.tables import COL, GRADIENT, LR, ROW, SIDE_EFFECTS, table_axes
 
 
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir = args.sweep_dir
     try:
         if sweep_dir is None:
-            return _claims_only(args.claims, args.out, args.beside)
+            return verdict_table.claims_only(args.claims, args.out, args.beside)
         if args.archive is not None:
             runs = archive(sweep_dir, args.archive)
             refs = [run for run in runs if run.parent.name == REFERENCES]
@@ -376,31 +376,4 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tables = sorted(str(p) for p in path.parent.glob("**/runs.csv"))
     print(f"wrote {path} and {', '.join(tables)}")
-    return 0
-
-
-def _claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> int:
-    """`distill report --claims FILE`: every claim's verdict, printed (and written into `out`);
-    with `--beside EARLIER`, the outcome table of FILE's claims beside EARLIER's."""
-    claims = load_claims(path)
-    verdicts = verdict_table.family(claims, {})
-    size = verdict_table.family_size(verdicts)
-    if earlier is not None:
-        before = load_claims(earlier)
-        old = verdict_table.family(before, {})
-        labels = (claims.world or str(path), before.world or str(earlier))
-        lines = [
-            f"The claims of `{path}` beside those of `{earlier}`, matched by id; each file's verdicts by "
-            f"its own Holm family ({size} and {verdict_table.family_size(old)} testable claims).",
-            "",
-            *verdict_table.beside(verdicts, old, labels),
-        ]
-        print("\n".join(lines))
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "outcome.md").write_text("\n".join(lines) + "\n")
-        return 0
-    print("\n".join([*verdict_table.intro(claims, str(path), size), "", *verdict_table.table(verdicts)]))
-    if out is not None:
-        verdict_table.write(claims, str(path), verdicts, size, out)
     return 0

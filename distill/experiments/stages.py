@@ -26,9 +26,9 @@ from distill.experiments.records import (
     headline_order,
     knob_values,
     load_records,
-    read_sweep_record,
 )
 from distill.experiments.rundirs import SETTINGS
+from distill.experiments.sweep_record import read_sweep_record
 
 PREFERRED = ("divergence", "mix")
 

@@ -51,10 +51,10 @@ from distill.experiments.fit_env import (  # noqa: F401 (ROLLOUT_CACHE_ENV re-ex
     child_env,
     device_groups,
 )
-from distill.experiments.records import spec_fingerprint, write_sweep_record
 from distill.experiments.references import reference_runs
 from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
 from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
+from distill.experiments.sweep_record import spec_fingerprint, write_sweep_record
 from distill.experiments.tally import Progress, SweepResult, Tally, keep_in_archive
 from distill.rundir import RunDirError, RunLock
 

@@ -18,7 +18,7 @@ from typing import Any
 from distill.experiments.axes import format_value
 from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_claims
 from distill.experiments.intervals import Estimate
-from distill.experiments.records import read_sweep_record
+from distill.experiments.sweep_record import read_sweep_record
 from distill.experiments.tables import is_share
 from distill.experiments.verdicts import Verdict, evaluate
 
@@ -283,3 +283,30 @@ def section(sweep_dir: Path, sweep_name: str, claims_path: Path, name: str, out:
         f"`{name}`, so unadjusted for multiplicity and without a verdict.",
         "",
     ]
+
+
+def claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> int:
+    """`distill report --claims FILE`: every claim's verdict, printed (and written into `out`);
+    with `--beside EARLIER`, the outcome table of FILE's claims beside EARLIER's."""
+    claims = load_claims(path)
+    verdicts = family(claims, {})
+    size = family_size(verdicts)
+    if earlier is not None:
+        before = load_claims(earlier)
+        old = family(before, {})
+        labels = (claims.world or str(path), before.world or str(earlier))
+        lines = [
+            f"The claims of `{path}` beside those of `{earlier}`, matched by id; each file's verdicts by "
+            f"its own Holm family ({size} and {family_size(old)} testable claims).",
+            "",
+            *beside(verdicts, old, labels),
+        ]
+        print("\n".join(lines))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "outcome.md").write_text("\n".join(lines) + "\n")
+        return 0
+    print("\n".join([*intro(claims, str(path), size), "", *table(verdicts)]))
+    if out is not None:
+        write(claims, str(path), verdicts, size, out)
+    return 0
