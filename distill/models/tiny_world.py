@@ -137,17 +137,18 @@ def build(
 ) -> dict:
     """Build (or reuse) a tiny world in `out`; returns the quality figures.
 
-        Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
-        committed build (`assets`, byte-identical to what training produces here, see `verify`) is
-        installed instead of retrained, unless `out` holds models of an interrupted or failed build of
-        this recipe: then the build resumes, and each model already trained in `out` with the same
-        recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
-        retrains everything). A model checkpoints its training state every `every` (wall time, or an
-        int: optimiser steps) into `out/.checkpoints/NAME`, so a build killed mid-model resumes there
-        with the weights an uninterrupted build would have. `install=False` never installs the committed
-        build (a resumable `verify` trains every model). `trained(name, folder)` is called as each model
-    is saved or reused, before it is measured (`verify` compares it there). After training, every bar of the recipe is checked; a missed bar raises
-        `BarsMissed` (the figures stay in `quality.json`, marked failed, for inspection)."""
+    Without `force`, a world already in `out` with the same recipe is reused, a recipe with a
+    committed build (`assets`, byte-identical to what training produces here, see `verify`) is
+    installed instead of retrained, unless `out` holds models of an interrupted or failed build of
+    this recipe: then the build resumes, and each model already trained in `out` with the same
+    recipe, seed and threads (`tiny_world.json` beside it) is loaded, not retrained (`force`
+    retrains everything). A model checkpoints its training state every `every` (wall time, or an
+    int: optimiser steps) into `out/.checkpoints/NAME`, so a build killed mid-model resumes there
+    with the weights an uninterrupted build would have. `install=False` never installs the
+    committed build (a resumable `verify` trains every model). `trained(name, folder)` is called as
+    each model is saved or reused, before it is measured (`verify` compares it there). After
+    training, every bar of the recipe is checked; a missed bar raises `BarsMissed` (the figures stay
+    in `quality.json`, marked failed, for inspection)."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
     if not force and is_built(out, recipe):
