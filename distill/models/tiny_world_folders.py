@@ -84,11 +84,11 @@ CHECKPOINTS = ".checkpoints"  # out/.checkpoints/NAME: a model's training state 
 
 def unfinished(out: Path, recipe: Recipe) -> bool:
     """`out` holds models or training state of an interrupted or failed build of `recipe`."""
-    return any(
-        record_matches(out / name, stamp_of(recipe, name))
-        or checkpoint_matches(out, name, stamp_of(recipe, name))
-        for name, _ in recipe.models
-    )
+    for name, _ in recipe.models:
+        stamp = stamp_of(recipe, name)  # once a model: it reads the model's corpus
+        if record_matches(out / name, stamp) or checkpoint_matches(out, name, stamp):
+            return True
+    return False
 
 
 def checkpoint_matches(out: Path, name: str, stamp: dict) -> bool:
