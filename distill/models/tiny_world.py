@@ -29,6 +29,7 @@ worse in 59 of 60 runs (experiments/LOG.md); it stays as the mismatched-teacher 
     distill tiny-world --version v2 --force  # retrain v2 (46 min on 2 AVX2 cores; resumes if cut short)
     distill tiny-world --version v2 --verify # retrain in a temporary folder, compare every tensor
     distill tiny-world --verify --out DIR    # the same in DIR, kept: a rerun resumes a verification cut short
+    distill tiny-world --verify --out DIR --only teacher-sci,student-sci  # those alone, from the committed models they start from
     distill tiny-world --quick --out /tmp/tw # a low-quality world in under a minute (tests)
 
 Every model is trained with Lightning from a fixed seed, saved with `save_pretrained` beside the
@@ -38,21 +39,20 @@ progress (and writes it to `build.log`), measures every model (`quality.json`), 
 validity bar of the recipe is missed.
 
 The recipes live in `tiny_world_recipes.py`, the training of one model in `tiny_world_train.py`,
-the quality figures in `tiny_world_quality.py`; this module builds, installs and verifies.
+the quality figures in `tiny_world_quality.py`, `--verify` in `tiny_world_verify.py`; this
+module builds and installs.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import hashlib
 import json
 import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import torch
@@ -94,7 +94,6 @@ __all__ = [
     "build",
     "default_dir",
     "main",
-    "verify",
 ]
 
 
@@ -134,6 +133,7 @@ def build(
     every: datetime.timedelta | int = CHECKPOINT_EVERY,
     install: bool = True,
     trained: Callable[[str, Path], None] | None = None,
+    only: Collection[str] | None = None,
 ) -> dict:
     """Build (or reuse) a tiny world in `out`; returns the quality figures.
 
@@ -148,10 +148,18 @@ def build(
     committed build (a resumable `verify` trains every model). `trained(name, folder)` is called as
     each model is saved or reused, before it is measured (`verify` compares it there). After
     training, every bar of the recipe is checked; a missed bar raises `BarsMissed` (the figures stay
-    in `quality.json`, marked failed, for inspection)."""
+    in `quality.json`, marked failed, for inspection).
+
+    `only` (names of the recipe's models) trains and measures those models alone, each one's
+    `init_from` model loaded from `assets` (which must hold it, trained from the same recipe), and
+    writes no `quality.json`: the folder is not a world. `verify --only` is made of it, so that a
+    verification can be split between sessions shorter than the whole build."""
     out = Path(out)
     assets = Path(assets) if assets is not None else committed_build(recipe)
-    if not force and is_built(out, recipe):
+    if only is not None:
+        only = only_models(recipe, only)
+        install = False
+    if only is None and not force and is_built(out, recipe):
         print(f"[tiny-world] reusing {out} (built with the same recipe)")
         return json.loads((out / "quality.json").read_text())
     if (
@@ -182,6 +190,11 @@ def build(
     resumed: list[str] = []
     reused_seconds = 0.0
     for name, model_recipe in recipe.models:
+        if only is not None and name not in only:
+            if any(r.init_from == name for n, r in recipe.models if n in only):
+                models[name] = _committed_parent(assets, recipe, name)
+                log(f"{name}: loaded from {assets} (not retrained: only {', '.join(only)} asked for)")
+            continue
         stamp = stamp_of(recipe, name)
         done = None if force else finished_model(out / name, stamp)
         if done is not None:  # trained by an earlier, interrupted or failed build with this recipe
@@ -218,6 +231,9 @@ def build(
         models[name] = model
         log(f"measuring {name} ({recipe.eval_problems} fresh problems per task, greedy)")
         quality.update(measure_model(model, tokenizer, name, recipe.eval_problems, log, recipe.measured))
+    if only is not None:  # part of a world: no family figures, no bars, no quality.json
+        log(f"done with {', '.join(only)} in {duration(time.time() - start)}")
+        return quality
     quality.update(measure_family(models, tokenizer, recipe, log, quality))
     # Wall time of the whole build: this run's, plus the recorded training time of reused models.
     quality["build_seconds"] = round(time.time() - start + reused_seconds, 1)
@@ -236,58 +252,27 @@ def build(
     return quality
 
 
-def verify(recipe: Recipe = V2, committed: Path | None = None, work: Path | None = None) -> bool:
-    """Retrain `recipe` from scratch and check that every weight equals the committed build's: in a
-    temporary folder, or in `work`, which is kept, so that a verification longer than a session
-    resumes there (an interrupted or finished retraining of the recipe in it is continued or
-    reused; the committed build is never installed into it). `work` must be new, empty, or a
-    verification folder (`VERIFY_MARKER`): a folder holding an installed world would compare the
-    committed weights with themselves."""
-    committed = committed or committed_build(recipe)
-    if committed is None or not Path(committed).is_dir():
-        raise FileNotFoundError(f"no committed build to compare with ({committed or 'none for this recipe'})")
-    committed = Path(committed)
-    if work is not None:
-        _claim_verify_folder(Path(work))
-    from safetensors.torch import load_file
-
-    same: dict[str, bool] = {}
-
-    def compare(name: str, folder: Path) -> None:  # as each model is trained: a mismatch shows early
-        ours = load_file(Path(folder) / "model.safetensors")
-        theirs = load_file(committed / name / "model.safetensors")
-        same[name] = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-        print(
-            f"[tiny-world] {name}: {'identical to' if same[name] else 'DIFFERS from'} the committed build",
-            flush=True,
-        )
-
-    with tempfile.TemporaryDirectory() if work is None else contextlib.nullcontext(work) as tmp:
-        try:
-            if work is None:
-                build(Path(tmp), recipe, force=True, trained=compare)
-            else:
-                build(Path(work), recipe, install=False, trained=compare)
-        except BarsMissed as err:  # the weights are what is compared; the bars were checked at build
-            print(f"[tiny-world] note: {err}")
-        for name, _ in recipe.models:
-            if name not in same:  # a build that did not report it
-                compare(name, Path(tmp) / name)
-    return all(same.values())
-
-
-VERIFY_MARKER = ".tiny-world-verify"  # in a folder `verify` retrains in: what it holds was trained there
-
-
-def _claim_verify_folder(work: Path) -> None:
-    if work.is_dir() and any(work.iterdir()) and not (work / VERIFY_MARKER).is_file():
+def only_models(recipe: Recipe, only: Collection[str]) -> list[str]:
+    """`only`'s names in the recipe's order; an unknown or empty selection is a ValueError."""
+    known = [name for name, _ in recipe.models]
+    unknown = [name for name in only if name not in known]
+    if unknown or not only:
         raise ValueError(
-            f"--verify --out {work}: the folder holds files a verification did not write (an installed "
-            "world there would be compared with itself); allowed: a new or empty folder, or one an "
-            "earlier `--verify --out` used"
+            f"--only must name some of the world's models, {', '.join(known)}; got "
+            + (repr(unknown[0]) if unknown else "none")
         )
-    work.mkdir(parents=True, exist_ok=True)
-    (work / VERIFY_MARKER).write_text("retrained by `distill tiny-world --verify --out`\n")
+    return [name for name in known if name in only]
+
+
+def _committed_parent(assets: Path | None, recipe: Recipe, name: str):
+    """The model `name` of `assets`, trained from `recipe` (what a model of `only` starts from)."""
+    found = None if assets is None else finished_model(Path(assets) / name, stamp_of(recipe, name))
+    if found is None:
+        raise ValueError(
+            f"--only: {name}, which a model asked for starts from, is not in {assets} as this recipe "
+            "trains it; retrain it too (add it to --only) or verify against the build it belongs to"
+        )
+    return found[0]
 
 
 def _note_legacy_folder() -> None:
@@ -322,14 +307,26 @@ def main(argv: list[str] | None = None) -> int:
         help="retrain the version's full recipe in a temporary folder (or in --out, kept: a rerun resumes it) "
         "and compare every tensor with the committed build",
     )
+    parser.add_argument(
+        "--only",
+        type=lambda names: [n.strip() for n in names.split(",") if n.strip()],
+        default=None,
+        metavar="NAME[,NAME]",
+        help="with --verify: retrain and compare these models alone, each from the committed model it "
+        "starts from (a verification in parts; e.g. teacher, then teacher-es,teacher-sci)",
+    )
     args = parser.parse_args(argv)
+    if args.only is not None and not args.verify:
+        parser.error("--only goes with --verify (a build trains the whole world)")
     version = args.version or DEFAULT_VERSION
     if args.verify:
         if not assets_dir(version).is_dir():
             print(f"[tiny-world] error: {version} has no committed build to verify against", file=sys.stderr)
             return 1
         try:
-            return 0 if verify(VERSIONS[version], assets_dir(version), args.out) else 1
+            from distill.models.tiny_world_verify import verify
+
+            return 0 if verify(VERSIONS[version], assets_dir(version), args.out, only=args.only) else 1
         except ValueError as err:
             print(f"[tiny-world] error: {err}", file=sys.stderr)
             return 1

@@ -121,6 +121,7 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     from safetensors.torch import load_file, save_file
 
     import distill.models.tiny_world as tw
+    import distill.models.tiny_world_verify as tv
 
     rebuilt = []
 
@@ -128,8 +129,8 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
         rebuilt.append((recipe, force))
         shutil.copytree(quick_world, out, dirs_exist_ok=True)
 
-    monkeypatch.setattr(tw, "build", copy)
-    assert tw.verify(tw.QUICK, committed=quick_world)
+    monkeypatch.setattr(tv, "build", copy)
+    assert tv.verify(tw.QUICK, committed=quick_world)
     assert rebuilt == [(tw.QUICK, True)]  # a forced rebuild of the recipe asked for
     tampered = tmp_path / "tampered"
     shutil.copytree(quick_world, tampered)
@@ -138,25 +139,34 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     weights[name] = weights[name].clone()
     weights[name].view(-1)[0] += 1e-6
     save_file(weights, tampered / "student" / "model.safetensors", metadata={"format": "pt"})
-    assert not tw.verify(tw.QUICK, committed=tampered)
-    assert tw.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
+    assert not tv.verify(tw.QUICK, committed=tampered)
+    assert tv.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
 
 
 def test_verify_flag_reports_through_the_exit_code(tmp_path, monkeypatch):
     import distill.models.tiny_world as tw
+    import distill.models.tiny_world_verify as tv
 
     asked = []
-    monkeypatch.setattr(
-        tw, "verify", lambda recipe, committed, work: asked.append((recipe, committed, work)) or True
-    )
+
+    def verified(result):
+        return lambda recipe, committed, work, only: asked.append((recipe, committed, work, only)) or result
+
+    monkeypatch.setattr(tv, "verify", verified(True))
     assert tw.main(["--verify", "--version", "v2"]) == 0
-    monkeypatch.setattr(
-        tw, "verify", lambda recipe, committed, work: asked.append((recipe, committed, work)) and False
-    )
+    monkeypatch.setattr(tv, "verify", verified(False))
     assert tw.main(["--verify", "--version", "v1", "--out", str(tmp_path / "kept")]) == 1
-    assert asked == [(tw.V2, tw.assets_dir("v2"), None), (tw.V1, tw.assets_dir("v1"), tmp_path / "kept")]
+    assert tw.main(["--verify", "--out", str(tmp_path / "kept"), "--only", "teacher-es, student-sci"]) == 1
+    assert asked == [
+        (tw.V2, tw.assets_dir("v2"), None, None),
+        (tw.V1, tw.assets_dir("v1"), tmp_path / "kept", None),
+        (tw.V3, tw.assets_dir("v3"), tmp_path / "kept", ["teacher-es", "student-sci"]),
+    ]
+    with pytest.raises(SystemExit) as exit_info:  # a build always trains its whole world
+        tw.main(["--only", "student"])
+    assert exit_info.value.code == 2 and len(asked) == 3
     monkeypatch.setattr(tw, "assets_dir", lambda version: tmp_path / "none")  # nothing committed
-    assert tw.main(["--verify", "--version", "v2"]) == 1 and len(asked) == 2
+    assert tw.main(["--verify", "--version", "v2"]) == 1 and len(asked) == 3
 
 
 def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_committed_build(
@@ -168,6 +178,7 @@ def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_com
     import shutil
 
     import distill.models.tiny_world as tw
+    import distill.models.tiny_world_verify as tv
 
     calls = []
 
@@ -175,15 +186,15 @@ def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_com
         calls.append((out, recipe, force, install))
         shutil.copytree(quick_world, out, dirs_exist_ok=True)
 
-    monkeypatch.setattr(tw, "build", build)
+    monkeypatch.setattr(tv, "build", build)
     work = tmp_path / "kept"
-    assert tw.verify(tw.QUICK, committed=quick_world, work=work)
+    assert tv.verify(tw.QUICK, committed=quick_world, work=work)
     assert calls == [(work, tw.QUICK, False, False)] and (work / "student" / "model.safetensors").is_file()
-    assert tw.verify(tw.QUICK, committed=quick_world, work=work)  # a rerun continues in its own folder
+    assert tv.verify(tw.QUICK, committed=quick_world, work=work)  # a rerun continues in its own folder
     installed = tmp_path / "installed-world"  # e.g. the cache: its models would equal the committed ones
     shutil.copytree(quick_world, installed)
     with pytest.raises(ValueError, match="holds files a verification did not write"):
-        tw.verify(tw.QUICK, committed=quick_world, work=installed)
+        tv.verify(tw.QUICK, committed=quick_world, work=installed)
     assert len(calls) == 2
     monkeypatch.undo()
     fresh = tmp_path / "fresh"  # the real build: with install=False it trains, though assets exist
@@ -556,6 +567,7 @@ def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_pa
     import shutil
 
     import distill.models.tiny_world as tw
+    import distill.models.tiny_world_verify as tv
 
     names = [name for name, _ in tw.QUICK.models]
 
@@ -564,9 +576,9 @@ def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_pa
         trained(names[0], out / names[0])
         raise KeyboardInterrupt("stopped after the first model")
 
-    monkeypatch.setattr(tw, "build", build_then_stop)
+    monkeypatch.setattr(tv, "build", build_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        tw.verify(tw.QUICK, committed=quick_world)
+        tv.verify(tw.QUICK, committed=quick_world)
     assert capsys.readouterr().out == f"[tiny-world] {names[0]}: identical to the committed build\n"
 
     def build_all(out, recipe, force=False, install=True, trained=None):
@@ -574,7 +586,50 @@ def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_pa
         for name in names:
             trained(name, out / name)
 
-    monkeypatch.setattr(tw, "build", build_all)
-    assert tw.verify(tw.QUICK, committed=quick_world)
+    monkeypatch.setattr(tv, "build", build_all)
+    assert tv.verify(tw.QUICK, committed=quick_world)
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"[tiny-world] {name}: identical to the committed build" for name in names]
+
+
+def test_a_verification_in_parts_retrains_only_the_named_models_from_the_committed_ones(
+    quick_world, tmp_path, monkeypatch, capsys
+):
+    """`verify(only=...)` (`--verify --only`), a verification split between sessions: teacher-es
+    alone is retrained, from the committed teacher, and matches; nothing else is trained, and the
+    folder is not a world (no quality.json). With the committed teacher changed by 1e-3 in one
+    weight, the retrained teacher-es differs: it starts from the committed teacher, not a new one."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import distill.models.tiny_world as tw
+    import distill.models.tiny_world_verify as tv
+
+    trained, train = [], tw.train_model
+    monkeypatch.setattr(tw, "train_model", lambda *a, **k: trained.append(a[3]) or train(*a, **k))
+    work = tmp_path / "part"
+    assert tv.verify(tw.QUICK, committed=quick_world, work=work, only=["teacher-es"])
+    assert trained == ["teacher-es"]
+    assert "[tiny-world] teacher-es: identical to the committed build" in capsys.readouterr().out.splitlines()
+    assert not (work / "quality.json").exists() and not (work / "teacher").exists()
+    assert f"teacher: loaded from {quick_world} (not retrained" in (work / "build.log").read_text()
+
+    changed = tmp_path / "changed"
+    shutil.copytree(quick_world, changed)
+    weights = load_file(changed / "teacher" / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += 1e-3
+    save_file(weights, changed / "teacher" / "model.safetensors", metadata={"format": "pt"})
+    assert not tv.verify(tw.QUICK, committed=changed, only=["teacher-es"])
+    assert trained == ["teacher-es", "teacher-es"]
+
+    with pytest.raises(
+        ValueError, match="--only must name some of the world's models, teacher, .*; got 'tutor'"
+    ):
+        tv.verify(tw.QUICK, committed=quick_world, only=["teacher-es", "tutor"])
+    shutil.rmtree(changed / "teacher")  # what teacher-es starts from is not there
+    with pytest.raises(ValueError, match="--only: teacher, which a model asked for starts from, is not in"):
+        tv.verify(tw.QUICK, committed=changed, only=["teacher-es"])
+    assert trained == ["teacher-es", "teacher-es"]
