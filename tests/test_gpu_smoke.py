@@ -29,6 +29,30 @@ def smoke(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def in_process(monkeypatch, capsys):
+    """`in_process(*args)`: (exit code, stdout, stderr) of the script's `main` run in this process,
+    for what builds nothing (argument checks, the dry run): a subprocess would spend seconds on
+    imports. The wrapper itself runs as a subprocess in the tests of `--help` and of the refusal."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("gpu_smoke_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
+        capsys.readouterr()
+        try:
+            script.main()
+            code = 0
+        except SystemExit as exit_info:
+            code = exit_info.code or 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
 def test_the_wrapper_runs_the_script_and_its_header_says_how():
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_smoke.sh")]).returncode == 0
     shown = smoke("--help")
@@ -47,9 +71,9 @@ def test_the_wrapper_runs_the_script_and_its_header_says_how():
         (["--steps", "0"], "--steps must be >= 1, got 0"),
     ],
 )
-def test_bad_arguments_fail_naming_the_argument(args, message):
-    result = smoke(*args, "--dry-run")
-    assert result.returncode == 2 and message in result.stderr
+def test_bad_arguments_fail_naming_the_argument(args, message, in_process):
+    code, _, err = in_process(*args, "--dry-run")
+    assert code == 2 and message in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -59,10 +83,10 @@ def test_without_a_gpu_it_refuses_before_building_anything(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_dry_run_plans_the_real_shapes_and_builds_nothing():
-    result = smoke("--dry-run")
-    assert result.returncode == 0, result.stderr
-    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+def test_the_dry_run_plans_the_real_shapes_and_builds_nothing(in_process):
+    code, out, err = in_process("--dry-run")
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert set(lines) == {
         *(f"llama-{job}" for job in ("decode", "base", "ddp", "fsdp", "grpo", "trl")),
         *(f"qwen-{job}" for job in ("decode", "base", "grpo", "trl")),
