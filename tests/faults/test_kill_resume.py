@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -236,33 +235,22 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(tmp_path,
         assert torch.equal(tensor, weights[name]), name
 
 
-@pytest.fixture(scope="module")
-def killed_at_3(shared_env, tmp_path_factory) -> Path:
-    """A run killed after step 3, fitted once; each test that resumes it resumes its own copy."""
-    run = tmp_path_factory.mktemp("killed_at_3") / "run"
-    assert fit(run, shared_env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
-    return run
-
-
 @pytest.mark.slow
-def test_moved_run_directory_resumes(tmp_path, env, reference, killed_at_3):
+def test_moved_run_directory_resumes(tmp_path, env, reference):
+    run = tmp_path / "run"
+    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
     moved = tmp_path / "elsewhere" / "run"
-    shutil.copytree(killed_at_3, moved)
-    # Moved: nothing is left where the run was written, so a path recorded there cannot be read.
-    away = killed_at_3.with_name("away")
-    killed_at_3.rename(away)
-    try:
-        resumed = fit(moved, env, "--ckpt_path", "last")
-    finally:
-        away.rename(killed_at_3)
+    moved.parent.mkdir()
+    run.rename(moved)
+    resumed = fit(moved, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(moved) == reference
 
 
 @pytest.mark.slow
-def test_resume_with_a_recorded_config_change(tmp_path, env, refusal, killed_at_3):
+def test_resume_with_a_recorded_config_change(tmp_path, env, refusal):
     run = tmp_path / "run"
-    shutil.copytree(killed_at_3, run)
+    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
     lr = ["--model.init_args.optimizer.init_args.lr", "0.01"]
     base = yaml.safe_load((ROOT / "configs" / "tiny" / "base.yaml").read_text())
     base_lr = base["model"]["init_args"]["optimizer"]["init_args"]["lr"]
