@@ -2,6 +2,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,14 +112,27 @@ def test_committed_build_is_installed_without_training(quick_world, tmp_path, mo
         ).read_bytes()
 
 
+def copy_with_one_weight_changed(world: Path, to: Path, model: str, by: float) -> Path:
+    """A copy of `world` in which one weight of `model` is moved by `by`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(world, to)
+    weights = load_file(to / model / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += by
+    save_file(weights, to / model / "model.safetensors", metadata={"format": "pt"})
+    return to
+
+
 def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     """`verify` rebuilds into a temporary folder and compares every weight with the committed
     build's. The rebuild is swapped for a copy of the session's world (that a real rebuild equals
     it, in a fresh process, is `test_cli_builds_the_same_world_bit_for_bit`'s), so this checks the
     comparison: the world passes, a 1e-6 change in one weight is found."""
     import shutil
-
-    from safetensors.torch import load_file, save_file
 
     import distill.models.tiny_world as tw
     import distill.models.tiny_world_verify as tv
@@ -132,13 +146,7 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     monkeypatch.setattr(tv, "build", copy)
     assert tv.verify(tw.QUICK, committed=quick_world)
     assert rebuilt == [(tw.QUICK, True)]  # a forced rebuild of the recipe asked for
-    tampered = tmp_path / "tampered"
-    shutil.copytree(quick_world, tampered)
-    weights = load_file(tampered / "student" / "model.safetensors")
-    name = sorted(weights)[0]
-    weights[name] = weights[name].clone()
-    weights[name].view(-1)[0] += 1e-6
-    save_file(weights, tampered / "student" / "model.safetensors", metadata={"format": "pt"})
+    tampered = copy_with_one_weight_changed(quick_world, tmp_path / "tampered", "student", 1e-6)
     assert not tv.verify(tw.QUICK, committed=tampered)
     assert tv.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
 
@@ -601,8 +609,6 @@ def test_a_verification_in_parts_retrains_only_the_named_models_from_the_committ
     weight, the retrained teacher-es differs: it starts from the committed teacher, not a new one."""
     import shutil
 
-    from safetensors.torch import load_file, save_file
-
     import distill.models.tiny_world as tw
     import distill.models.tiny_world_verify as tv
 
@@ -615,13 +621,7 @@ def test_a_verification_in_parts_retrains_only_the_named_models_from_the_committ
     assert not (work / "quality.json").exists() and not (work / "teacher").exists()
     assert f"teacher: loaded from {quick_world} (not retrained" in (work / "build.log").read_text()
 
-    changed = tmp_path / "changed"
-    shutil.copytree(quick_world, changed)
-    weights = load_file(changed / "teacher" / "model.safetensors")
-    name = sorted(weights)[0]
-    weights[name] = weights[name].clone()
-    weights[name].view(-1)[0] += 1e-3
-    save_file(weights, changed / "teacher" / "model.safetensors", metadata={"format": "pt"})
+    changed = copy_with_one_weight_changed(quick_world, tmp_path / "changed", "teacher", 1e-3)
     assert not tv.verify(tw.QUICK, committed=changed, only=["teacher-es"])
     assert trained == ["teacher-es", "teacher-es"]
 
