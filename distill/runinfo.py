@@ -56,10 +56,27 @@ def environment() -> dict:
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "machine": machine(),
         "packages": versions,
         "git": git_revision(),
         "argv": sys.argv,
     }
+
+
+def machine() -> dict:
+    """The CPU that computes here and the kernels torch picks for it: CPU float results, and so
+    retrained weights, can differ between two kinds of CPU (`distill tiny-world --verify`)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:

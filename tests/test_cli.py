@@ -176,6 +176,7 @@ def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, m
     )
     env = json.loads((run / "env.json").read_text())
     assert env["packages"]["torch"] and "revision" in env["git"]
+    assert env["machine"]["cpu"] and env["machine"]["cpu_capability"]  # CPU float results depend on it
     # the world each model came from (the quick world here), and the weights' fingerprint
     assert {role: m["tiny_world"]["version"] for role, m in env["models"].items()} == {
         "student": "quick",

@@ -78,7 +78,7 @@ from distill.models.tiny_world_names import (
 from distill.models.tiny_world_quality import measure_family, measure_model, quality_key
 from distill.models.tiny_world_recipes import COMMITTED, QUICK, V1, V2, V3, VERSIONS, Bar, ModelRecipe, Recipe
 from distill.models.tiny_world_train import CHECKPOINT_EVERY, Log, duration, train_model
-from distill.runinfo import write_json_atomic
+from distill.runinfo import machine, write_json_atomic
 
 __all__ = [
     "QUICK",
@@ -183,7 +183,9 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.json").unlink(missing_ok=True)  # the world is unfinished until it is rewritten
     log = Log(out / "build.log")
+    here = machine()
     log(f"building into {out}: {', '.join(n for n, _ in recipe.models)}; {recipe.threads} threads")
+    log(f"on {here['cpu']} ({here['cpu_capability']} kernels, torch {here['torch']})")
     tokenizer = char_tokenizer()
     quality: dict = {}
     models: dict = {}
@@ -215,7 +217,7 @@ def build(
                 checkpoints=checkpoints,
                 every=every,
             )
-            record = {"stamp": stamp, "train_seconds": seconds}
+            record = {"stamp": stamp, "train_seconds": seconds, "machine": here}
             replace_dir(
                 out / name,
                 lambda tmp, model=model, record=record: (
@@ -239,6 +241,7 @@ def build(
     quality["build_seconds"] = round(time.time() - start + reused_seconds, 1)
     quality["resumed_models"] = resumed
     quality["threads"] = torch.get_num_threads()
+    quality["machine"] = here
     failed = [f"{b} (got {quality[b.key]:.3f})" for b in recipe.bars if not b.holds(quality[b.key])]
     quality["failed_bars"] = failed
     quality["recipe"] = recipe_json(recipe)

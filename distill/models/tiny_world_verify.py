@@ -4,6 +4,8 @@ with its committed build (`python -m distill.cli tiny-world --help`)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 import torch
 
 from distill.models.tiny_world import BarsMissed, build, committed_build, only_models
+from distill.models.tiny_world_folders import MODEL_RECORD
+from distill.models.tiny_world_quality import quality_key
 from distill.models.tiny_world_recipes import V2, Recipe
 
 
@@ -45,24 +49,79 @@ def verify(
         ours = load_file(Path(folder) / "model.safetensors")
         theirs = load_file(committed / name / "model.safetensors")
         same[name] = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+        verdict = "identical to the committed build" if same[name] else "DIFFERS from the committed build; "
         print(
-            f"[tiny-world] {name}: {'identical to' if same[name] else 'DIFFERS from'} the committed build",
+            f"[tiny-world] {name}: {verdict}{'' if same[name] else _machines(committed / name, folder)}",
             flush=True,
         )
 
     with tempfile.TemporaryDirectory() if work is None else contextlib.nullcontext(work) as tmp:
+        figures: dict = {}
         try:
             part = {} if only is None else {"only": names, "assets": committed}
             if work is None:
-                build(Path(tmp), recipe, force=True, trained=compare, **part)
+                figures = build(Path(tmp), recipe, force=True, trained=compare, **part) or {}
             else:
-                build(Path(work), recipe, install=False, trained=compare, **part)
+                figures = build(Path(work), recipe, install=False, trained=compare, **part) or {}
         except BarsMissed as err:  # the weights are what is compared; the bars were checked at build
             print(f"[tiny-world] note: {err}")
+            figures = json.loads((Path(tmp) / "quality.json").read_text())
         for name in names:
             if name not in same:  # a build that did not report it
                 compare(name, Path(tmp) / name)
+    if (committed / "quality.json").is_file():
+        theirs = json.loads((committed / "quality.json").read_text())
+        for name in [n for n in names if not same[n]]:
+            print(figure_table(name, [n for n, _ in recipe.models], theirs, figures, recipe.eval_problems))
     return all(same.values())
+
+
+def _machines(committed: Path, ours: Path) -> str:
+    """Why two models trained from one recipe may differ: the CPUs their records name."""
+    there, here = (json.loads((m / MODEL_RECORD).read_text()).get("machine") for m in (committed, ours))
+    if there is None:
+        return (
+            f"the committed model does not record its CPU (this one: {_cpu(here)}); float kernels "
+            "differ between kinds of CPU, so its quality figures are compared below"
+        )
+    if there != here:
+        return f"trained on {_cpu(there)} there, {_cpu(here)} here: float kernels differ between kinds of CPU"
+    return f"trained on the same kind of CPU ({_cpu(here)}): the recipe does not reproduce"
+
+
+def _cpu(machine: dict | None) -> str:
+    return (
+        "an unrecorded CPU"
+        if not machine
+        else f"{machine['cpu']} ({machine['cpu_capability']}, torch {machine['torch']})"
+    )
+
+
+def figure_table(name: str, models: list[str], committed: dict, ours: dict, problems: int) -> str:
+    """`name`'s quality figures, committed beside retrained. An accuracy whose difference is beyond
+    3 standard errors of the difference of two samples of `problems` is marked `*`: a different
+    training outcome, not only a different sample (NLLs and leads are shown, not marked; a figure
+    measured on a part of the problems, such as a model's own facts, has more noise than the mark
+    assumes). `models`:
+    the world's, so that teacher's figures leave out teacher_es's."""
+    prefix = quality_key(name) + "_"
+    longer = [quality_key(m) + "_" for m in models if quality_key(m).startswith(prefix)]
+    rows = [
+        f"[tiny-world] {name}'s figures, committed / retrained (* beyond sampling noise of {problems} problems):"
+    ]
+    for key in sorted(k for k in ours if k.startswith(prefix) and k in committed):
+        if any(key.startswith(other) for other in longer):
+            continue
+        a, b = committed[key], ours[key]
+        if key.endswith("_train_seconds") or not isinstance(a, int | float) or not isinstance(b, int | float):
+            continue
+        if a == b == 0:  # an ability the model was never taught
+            continue
+        share = "nll" not in key and 0 <= min(a, b) and max(a, b) <= 1
+        noise = 3 * math.sqrt((a * (1 - a) + b * (1 - b)) / problems) if share else math.inf
+        mark = "*" if abs(b - a) > max(noise, 1 / problems) else " "
+        rows.append(f"  {key[len(prefix) :]:32s} {a:8.3f} {b:8.3f} {b - a:+8.3f} {mark}")
+    return "\n".join(rows)
 
 
 VERIFY_MARKER = ".tiny-world-verify"  # in a folder `verify` retrains in: what it holds was trained there

@@ -353,6 +353,71 @@ def test_build_log_shows_progress_for_every_model(quick_world):
     assert "done in" in log[-2] and log[-1].endswith("every validity bar met")  # QUICK has no bars
 
 
+def test_a_build_records_the_cpu_that_trained_each_model(quick_world):
+    """Retrained weights can differ between kinds of CPU: each model's record, quality.json and
+    build.log name the CPU, its kernels and torch, so `--verify` can tell why two builds differ."""
+    import distill.models.tiny_world as tw
+    from distill.runinfo import machine
+
+    here = machine()
+    assert here["cpu"] and here["cpu_capability"] and here["torch"].startswith("2.")
+    for name, _ in tw.QUICK.models:
+        assert json.loads((quick_world / name / "tiny_world.json").read_text())["machine"] == here
+    assert json.loads((quick_world / "quality.json").read_text())["machine"] == here
+    assert f"on {here['cpu']} ({here['cpu_capability']} kernels" in (quick_world / "build.log").read_text()
+
+
+def test_a_differing_model_is_explained_by_the_cpus_and_its_figures_compared(tmp_path):
+    """What `verify` prints for a model that differs: the CPUs the two records name (none recorded,
+    different, the same), and its quality figures side by side, an accuracy marked when the change
+    is beyond 3 standard errors of two samples of that many problems; another model's figures
+    (teacher_es_* under teacher_*), training times and abilities at 0 on both sides left out."""
+    from distill.models.tiny_world_verify import _machines, figure_table
+
+    def model(name, machine):
+        (tmp_path / name).mkdir()
+        record = {"stamp": {}} | ({"machine": machine} if machine else {})
+        (tmp_path / name / "tiny_world.json").write_text(json.dumps(record))
+        return tmp_path / name
+
+    a = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.13.0+cpu"}
+    b = a | {"cpu_capability": "AVX2"}
+    assert "does not record its CPU (this one: AMD EPYC (AVX512" in _machines(
+        model("old", None), model("x", a)
+    )
+    assert "on AMD EPYC (AVX2, torch 2.13.0+cpu) there, AMD EPYC (AVX512" in _machines(
+        model("y", b), model("z", a)
+    )
+    assert (
+        "same kind of CPU (AMD EPYC (AVX512, torch 2.13.0+cpu)): the recipe does not reproduce"
+        in _machines(model("p", a), model("q", a))
+    )
+    committed = {
+        "teacher_countdown3": 0.80,
+        "teacher_prior": 0.99,
+        "teacher_nll_on_student": 0.8,
+        "teacher_tinysci": 0.0,
+        "teacher_train_seconds": 100.0,
+        "teacher_es_countdown3": 0.5,
+    }
+    retrained = {
+        "teacher_countdown3": 0.70,
+        "teacher_prior": 0.98,
+        "teacher_nll_on_student": 2.0,
+        "teacher_tinysci": 0.0,
+        "teacher_train_seconds": 90.0,
+        "teacher_es_countdown3": 0.1,
+    }
+    rows = figure_table("teacher", ["teacher", "teacher-es"], committed, retrained, 500).splitlines()
+    assert "500 problems" in rows[0] and len(rows) == 4
+    cd3, nll, prior = (row.split() for row in rows[1:])
+    assert cd3 == ["countdown3", "0.800", "0.700", "-0.100", "*"]  # 3 SE: 0.077
+    assert nll == ["nll_on_student", "0.800", "2.000", "+1.200"]  # not a share: never marked
+    assert prior == ["prior", "0.990", "0.980", "-0.010"]  # inside 3 SE (0.023)
+    rows = figure_table("teacher", ["teacher", "teacher-es"], committed, retrained, 50).splitlines()
+    assert rows[1].split()[-1] == "-0.100"  # 3 SE of 50 problems: 0.25
+
+
 def test_each_version_resolves_to_its_own_folder_and_the_bare_name_to_the_default(tmp_path, monkeypatch):
     from distill.models.loading import check_model_path
     from distill.models.tiny_world_names import DEFAULT_VERSION, PREFIXES, default_dir
@@ -624,6 +689,9 @@ def test_a_verification_in_parts_retrains_only_the_named_models_from_the_committ
     changed = copy_with_one_weight_changed(quick_world, tmp_path / "changed", "teacher", 1e-3)
     assert not tv.verify(tw.QUICK, committed=changed, only=["teacher-es"])
     assert trained == ["teacher-es", "teacher-es"]
+    out = capsys.readouterr().out  # both trained here: the cause is not the CPU; the figures follow
+    assert "teacher-es: DIFFERS from the committed build; trained on the same kind of CPU (" in out
+    assert "teacher-es's figures, committed / retrained" in out
 
     with pytest.raises(
         ValueError, match="--only must name some of the world's models, teacher, .*; got 'tutor'"
