@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo plan-v3 sweep-v3-grid sweep-v3-rlvr sweep-v3-robustness sweep-v3-style sweep-v3-sci sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
+.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo plan-v3 outcome sweep-v3-grid sweep-v3-rlvr sweep-v3-robustness sweep-v3-style sweep-v3-sci sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -87,7 +87,7 @@ sweep-sci: $(READY) ## the knowledge domain: teacher-sci -> student-sci, mix {0,
 	$(BIN)/distill sweep experiments/tiny_sci.yaml --jobs 2 --archive experiments/results/tiny_sci
 	$(BIN)/distill report experiments/results/tiny_sci
 
-sweep-v3-grid: $(READY) ## the v3 study's main grid: mix {0, 0.5, 1} x {forward, reverse} x lr {3e-5, 1e-4, 3e-4} x 4 seeds, 200 steps (72 runs; about 3.9 h with 2 jobs on 2 cores, estimated from make demo; resumable), archived in experiments/results/v3_grid
+sweep-v3-grid: $(READY) ## the v3 study's main grid: mix {0, 0.5, 1} x {forward, reverse} x lr {3e-5, 1e-4, 3e-4} x 4 seeds, 200 steps (72 runs; measured 2.8 h with 2 jobs on 2 cores, a median 264 s a run; resumable), archived in experiments/results/v3_grid
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/v3_grid.yaml --jobs 2 --archive experiments/results/v3_grid
 	$(BIN)/distill report experiments/results/v3_grid
@@ -114,6 +114,9 @@ sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1
 
 plan-v3: $(READY) ## the v3 study's seeds: each declared claim's minimum detectable effect at the planned specs, from v2's spread (seconds)
 	$(BIN)/python -m distill.experiments.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
+
+outcome: $(READY) ## regenerate the verdict tables docs/study.md quotes (v2's; v3's beside v2's) from the committed archives, after an archive lands (seconds)
+	$(BIN)/python -m distill.experiments.quoted docs/study.md
 
 sweep-paper-llama: $(READY) ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml

@@ -20,7 +20,7 @@ from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_clai
 from distill.experiments.intervals import Estimate
 from distill.experiments.sweep_record import read_sweep_record
 from distill.experiments.tables import is_share
-from distill.experiments.verdicts import Verdict, evaluate
+from distill.experiments.verdicts import Verdict, evaluate, stage_dir
 
 CLAIMS_KEY = "claims"
 _FAMILIES: dict[tuple, list[Verdict]] = {}  # one evaluation per claims file and sweep directories
@@ -38,12 +38,22 @@ def attached_claims(sweep_dir: Path) -> tuple[Path, str] | None:
 
 
 def family(claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> list[Verdict]:
-    """Every claim's verdict, evaluated once a process for a claims file and sweep directories."""
+    """Every claim's verdict, evaluated once a process for a claims file and sweep directories as
+    they stand (the claims as read, and each archive's modification time, are part of the key)."""
     results = claims.results.resolve()
     sweep_dirs = {k: v for k, v in sweep_dirs.items() if Path(v).resolve() != results / k}
+    archives = sorted(
+        {
+            stage_dir(a, sweep_dirs, claims.results)
+            for c in claims.claims
+            for a in (c.archive, c.baseline)
+            if a
+        }
+    )
     key = (
-        str(claims.path.resolve()),
+        repr(claims),
         tuple(sorted((k, str(Path(v).resolve())) for k, v in sweep_dirs.items())),
+        tuple(a.stat().st_mtime_ns if a.is_dir() else None for a in archives),
     )
     if key not in _FAMILIES:
         _FAMILIES[key] = evaluate(claims, sweep_dirs)

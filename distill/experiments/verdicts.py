@@ -66,7 +66,7 @@ def _matches(record: RunRecord, values: dict[str, Any]) -> bool:
     return all(k in record.settings and _same(record.settings[k], v) for k, v in values.items())
 
 
-def _stage_dir(claim_archive: str, sweep_dirs: dict[str, Path], results: Path) -> Path:
+def stage_dir(claim_archive: str, sweep_dirs: dict[str, Path], results: Path) -> Path:
     sweep, _, stage = claim_archive.partition("/")
     top = sweep_dirs.get(sweep, results / sweep)
     return top / stage if stage else top
@@ -209,8 +209,8 @@ def _rule(claim: Claim, lo: float, hi: float) -> str:
 
 
 def _first_pass(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> Verdict:
-    directory = _stage_dir(claim.archive, sweep_dirs, claims.results)
-    baseline = _stage_dir(claim.baseline, sweep_dirs, claims.results) if claim.baseline else None
+    directory = stage_dir(claim.archive, sweep_dirs, claims.results)
+    baseline = stage_dir(claim.baseline, sweep_dirs, claims.results) if claim.baseline else None
     values = _values(claim, directory, baseline)
     if not values:
         return Verdict(claim, "no runs yet", f"no finished run of {claim.archive} has {claim.metric}")

@@ -220,18 +220,47 @@ def test_claims_file_errors_are_one_line(tmp_path, edit, message):
     assert "\n" not in str(err.value)
 
 
-def test_docs_quote_the_generated_v2_verdict_table(capsys):
-    """docs/study.md quotes `distill report --claims experiments/claims/v2.yaml`; it does not retype it."""
-    from distill.experiments.report import main
+def test_docs_quote_the_generated_verdict_tables():
+    """docs/study.md quotes `distill report --claims experiments/claims/v2.yaml` and v3's outcome
+    table beside v2's as the committed archives give them; it does not retype them."""
+    from distill.experiments import quoted
 
-    root = Path(__file__).resolve().parents[2]
-    text = (root / "docs" / "study.md").read_text()
-    quoted = text.split("<!-- verdicts: experiments/claims/v2.yaml -->\n")[1].split(
-        "\n<!-- end verdicts -->"
-    )[0]
-    assert main(["--claims", str(root / "experiments" / "claims" / "v2.yaml")]) == 0
-    printed = capsys.readouterr().out.rstrip("\n")
-    assert quoted == printed.replace(str(root) + "/", "")
+    text = (quoted.ROOT / "docs" / "study.md").read_text()
+    heads = [m["head"] for m in quoted.BLOCK.finditer(text)]
+    assert heads == [
+        "<!-- verdicts: experiments/claims/v2.yaml -->",
+        "<!-- verdicts: experiments/claims/v3.yaml beside experiments/claims/v2.yaml -->",
+    ]
+    assert quoted.refresh(text) == (text, [])
+
+
+def test_a_stale_quoted_table_is_found_and_regenerated(tmp_path, capsys, monkeypatch):
+    """`python -m distill.experiments.quoted FILE` (`make outcome`): a block that no longer says what
+    the archives give (still empty; its claim moved to another archive) is named by `--check`, which
+    exits 1 and rewrites nothing, and regenerated without it; a file without a block is an error."""
+    from distill.experiments import quoted
+
+    monkeypatch.setattr(quoted, "ROOT", tmp_path)
+    _archive(tmp_path / "results", "up", lambda mix, lr, seed: 0.4 + 0.1 * (mix == 0) + 0.004 * seed * mix)
+    _archive(tmp_path / "results", "flat", lambda mix, lr, seed: 0.4 + 0.004 * seed * mix)
+    claims = _claims(tmp_path, [("grows", "up", "increase")])
+    doc = tmp_path / "doc.md"
+    empty = "# Outcome\n\n<!-- verdicts: claims.yaml -->\n<!-- end verdicts -->\n\nafter\n"
+    doc.write_text(empty)
+    assert quoted.main([str(doc), "--check"]) == 1
+    assert "<!-- verdicts: claims.yaml --> is stale" in capsys.readouterr().out
+    assert doc.read_text() == empty
+    assert quoted.main([str(doc)]) == 0
+    text = doc.read_text()
+    assert "| grows |" in text and "**replicated**" in text and str(tmp_path) not in text
+    assert text.startswith("# Outcome\n\n<!-- verdicts: claims.yaml -->\nDeclared in `claims.yaml`")
+    assert text.endswith("\n<!-- end verdicts -->\n\nafter\n")
+    assert quoted.main([str(doc), "--check"]) == 0
+    claims.write_text(claims.read_text().replace("archive: up", "archive: flat"))
+    assert quoted.main([str(doc), "--check"]) == 1 and doc.read_text() == text
+    assert quoted.main([str(doc)]) == 0 and "**replicated**" not in doc.read_text()
+    (tmp_path / "plain.md").write_text("no block\n")
+    assert quoted.main([str(tmp_path / "plain.md")]) == 2
 
 
 def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):

@@ -1,0 +1,79 @@
+"""The verdict tables the docs quote, kept generated: in a Markdown file, a block
+
+    <!-- verdicts: CLAIMS [beside EARLIER] -->
+    ...
+    <!-- end verdicts -->
+
+holds exactly what `distill report --claims CLAIMS [--beside EARLIER]` prints (paths relative to
+the repository root). After an archive lands, `python -m distill.experiments.quoted FILE...`
+(`make outcome`) rewrites the blocks; `--check` rewrites nothing and exits 1 naming each stale
+block (the docs tests run it), so a quoted table is never retyped or left behind its archives."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import sys
+from pathlib import Path
+
+from distill.experiments import verdict_table
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCK = re.compile(
+    r"(?P<head><!-- verdicts: (?P<claims>\S+)(?: beside (?P<earlier>\S+))? -->)\n(?P<body>.*?)\n?<!-- end verdicts -->",
+    re.S,
+)
+
+
+def generated(claims: str, earlier: str | None, root: Path = ROOT) -> str:
+    """What `distill report --claims CLAIMS [--beside EARLIER]` prints, run from `root`."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        verdict_table.claims_only(root / claims, None, root / earlier if earlier else None)
+    return printed.getvalue().rstrip("\n").replace(f"{root}/", "")
+
+
+def refresh(text: str, root: Path = ROOT) -> tuple[str, list[str]]:
+    """`text` with every verdict block regenerated, and the heads of the blocks that changed."""
+    stale: list[str] = []
+
+    def regenerate(block: re.Match) -> str:
+        body = generated(block["claims"], block["earlier"], root)
+        if body != block["body"]:
+            stale.append(block["head"])
+        return f"{block['head']}\n{body}\n<!-- end verdicts -->"
+
+    return BLOCK.sub(regenerate, text), stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m distill.experiments.quoted", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("files", nargs="+", type=Path, help="Markdown files holding verdict blocks")
+    parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a block is stale")
+    args = parser.parse_args(argv)
+    stale_anywhere = False
+    for path in args.files:
+        text = path.read_text()
+        if not BLOCK.search(text):
+            print(f"{path}: no verdict block (`<!-- verdicts: CLAIMS [beside EARLIER] -->`)", file=sys.stderr)
+            return 2
+        new, stale = refresh(text, ROOT)
+        for head in stale:
+            print(f"{path}: {head} is {'stale' if args.check else 'regenerated'}")
+        if stale and not args.check:
+            path.write_text(new)
+        stale_anywhere |= bool(stale)
+    if args.check and stale_anywhere:
+        print(
+            "regenerate with `make outcome` (python -m distill.experiments.quoted FILE...)", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
