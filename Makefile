@@ -92,7 +92,7 @@ sweep-v3-grid: $(READY) ## the v3 study's main grid: mix {0, 0.5, 1} x {forward,
 	$(BIN)/distill sweep experiments/v3_grid.yaml --jobs 2 --archive experiments/results/v3_grid
 	$(BIN)/distill report experiments/results/v3_grid
 
-sweep-v3-rlvr: $(READY) ## v3: distil then GRPO, {forward, reverse} x mix {0, 1} x 4 seeds (16 + 16 runs; about 1.1 h), archived in experiments/results/v3_rlvr
+sweep-v3-rlvr: $(READY) ## v3: distil then GRPO, {forward, reverse} x mix {0, 1} x 4 seeds (16 + 16 runs; measured about 1 h with 2 jobs on 2 cores; resumable), archived in experiments/results/v3_rlvr
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/v3_rlvr.yaml --jobs 2 --archive experiments/results/v3_rlvr
 	$(BIN)/distill report experiments/results/v3_rlvr

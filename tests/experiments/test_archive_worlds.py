@@ -31,6 +31,7 @@ WORLDS = {
     "tiny_rlvr": "v2",
     "tiny_robustness": "v2",
     "v3_grid": "v3",
+    "v3_rlvr": "v3",
 }
 RUN_FILES = ("config.yaml", "overrides.yaml", "settings.json")
 
