@@ -7,7 +7,8 @@
 holds exactly what `distill report --claims CLAIMS [--beside EARLIER]` prints (paths relative to
 the repository root). After an archive lands, `python -m distill.experiments.quoted FILE...`
 (`make outcome`) rewrites the blocks; `--check` rewrites nothing and exits 1 naming each stale
-block (the docs tests run it), so a quoted table is never retyped or left behind its archives."""
+block (a docs test checks docs/study.md the same way), so a quoted table is never retyped or left
+behind its archives. A head this format does not match, or one without its end, is an error."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from distill.experiments import verdict_table
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(
-    r"(?P<head><!-- verdicts: (?P<claims>\S+)(?: beside (?P<earlier>\S+))? -->)\n(?P<body>.*?)\n?<!-- end verdicts -->",
+    r"(?P<head><!-- verdicts: (?P<claims>\S+)(?: beside (?P<earlier>\S+))? -->)\n"
+    r"(?P<body>(?:(?!<!-- verdicts:).)*?)\n?<!-- end verdicts -->",
     re.S,
 )
 
@@ -58,8 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     stale_anywhere = False
     for path in args.files:
         text = path.read_text()
-        if not BLOCK.search(text):
-            print(f"{path}: no verdict block (`<!-- verdicts: CLAIMS [beside EARLIER] -->`)", file=sys.stderr)
+        blocks = len(BLOCK.findall(text))
+        if not blocks or blocks != text.count("<!-- verdicts:"):
+            print(
+                f"{path}: {text.count('<!-- verdicts:')} verdict heads, {blocks} well-formed blocks "
+                "(`<!-- verdicts: CLAIMS [beside EARLIER] -->` ... `<!-- end verdicts -->`)",
+                file=sys.stderr,
+            )
             return 2
         new, stale = refresh(text, ROOT)
         for head in stale:

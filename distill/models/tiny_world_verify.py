@@ -77,33 +77,51 @@ def verify(
 
 
 def _machines(committed: Path, ours: Path) -> str:
-    """Why two models trained from one recipe may differ: the CPUs their records name."""
-    there, here = (json.loads((m / MODEL_RECORD).read_text()).get("machine") for m in (committed, ours))
-    if there is None:
+    """Why two models trained from one recipe may differ: what their records say about the machines
+    that trained them (a v1 model, or one trained before records named the CPU, has none)."""
+    there, here = (_machine(m) for m in (committed, ours))
+    if there is None or here is None:
         return (
-            f"the committed model does not record its CPU (this one: {_cpu(here)}); float kernels "
-            "differ between kinds of CPU, so its quality figures are compared below"
+            f"the {'committed' if there is None else 'retrained'} model does not record its CPU (the other: "
+            f"{_cpu(here if there is None else there)}); float kernels differ between kinds of CPU, so its "
+            "quality figures are compared below"
         )
-    if there != here:
-        return f"trained on {_cpu(there)} there, {_cpu(here)} here: float kernels differ between kinds of CPU"
-    return f"trained on the same kind of CPU ({_cpu(here)}): the recipe does not reproduce"
-
-
-def _cpu(machine: dict | None) -> str:
+    changed = [
+        f"{k} {there.get(k)} there, {here.get(k)} here" for k in MACHINE_FIELDS if there.get(k) != here.get(k)
+    ]
+    if changed:
+        return (
+            f"trained with {'; '.join(changed)}: float kernels differ between kinds of CPU and torch builds"
+        )
     return (
-        "an unrecorded CPU"
-        if not machine
-        else f"{machine['cpu']} ({machine['cpu_capability']}, torch {machine['torch']})"
+        f"trained on the same kind of CPU ({_cpu(here)}): the recipe, or the committed model it starts "
+        "from, does not reproduce"
     )
 
 
+MACHINE_FIELDS = ("cpu", "cpu_capability", "torch")  # `distill.runinfo.machine()`
+
+
+def _machine(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / MODEL_RECORD).read_text()).get("machine")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _cpu(machine: dict | None) -> str:
+    if not machine:
+        return "an unrecorded CPU"
+    return f"{machine.get('cpu')} ({machine.get('cpu_capability')}, torch {machine.get('torch')})"
+
+
 def figure_table(name: str, models: list[str], committed: dict, ours: dict, problems: int) -> str:
-    """`name`'s quality figures, committed beside retrained. An accuracy whose difference is beyond
-    3 standard errors of the difference of two samples of `problems` is marked `*`: a different
-    training outcome, not only a different sample (NLLs and leads are shown, not marked; a figure
-    measured on a part of the problems, such as a model's own facts, has more noise than the mark
-    assumes). `models`:
-    the world's, so that teacher's figures leave out teacher_es's."""
+    """`name`'s quality figures, committed beside retrained (`models`: the world's, so that
+    teacher's figures leave out teacher_es's). An accuracy on the `problems` fresh problems whose
+    difference is beyond 3 standard errors of the difference of two such samples is marked `*`: a
+    different training outcome, not only a different sample. Shown but never marked: NLLs, the
+    teacher's lead and a fine-tuned teacher's gap (differences of two accuracies), and the facts
+    splits (counted on a part of the questions, so noisier than the mark assumes)."""
     prefix = quality_key(name) + "_"
     longer = [quality_key(m) + "_" for m in models if quality_key(m).startswith(prefix)]
     rows = [
@@ -117,8 +135,11 @@ def figure_table(name: str, models: list[str], committed: dict, ours: dict, prob
             continue
         if a == b == 0:  # an ability the model was never taught
             continue
-        share = "nll" not in key and 0 <= min(a, b) and max(a, b) <= 1
-        noise = 3 * math.sqrt((a * (1 - a) + b * (1 - b)) / problems) if share else math.inf
+        accuracy = (
+            not any(part in key for part in ("nll", "_lead_", "_gap", "_facts"))
+            and 0 <= min(a, b) <= max(a, b) <= 1
+        )
+        noise = 3 * math.sqrt((a * (1 - a) + b * (1 - b)) / problems) if accuracy else math.inf
         mark = "*" if abs(b - a) > max(noise, 1 / problems) else " "
         rows.append(f"  {key[len(prefix) :]:32s} {a:8.3f} {b:8.3f} {b - a:+8.3f} {mark}")
     return "\n".join(rows)

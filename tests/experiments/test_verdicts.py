@@ -237,7 +237,8 @@ def test_docs_quote_the_generated_verdict_tables():
 def test_a_stale_quoted_table_is_found_and_regenerated(tmp_path, capsys, monkeypatch):
     """`python -m distill.experiments.quoted FILE` (`make outcome`): a block that no longer says what
     the archives give (still empty; its claim moved to another archive) is named by `--check`, which
-    exits 1 and rewrites nothing, and regenerated without it; a file without a block is an error."""
+    exits 1 and rewrites nothing, and regenerated without it; a file without a block, or with a
+    head whose end is missing, is an error and is left as it was."""
     from distill.experiments import quoted
 
     monkeypatch.setattr(quoted, "ROOT", tmp_path)
@@ -261,6 +262,10 @@ def test_a_stale_quoted_table_is_found_and_regenerated(tmp_path, capsys, monkeyp
     assert quoted.main([str(doc)]) == 0 and "**replicated**" not in doc.read_text()
     (tmp_path / "plain.md").write_text("no block\n")
     assert quoted.main([str(tmp_path / "plain.md")]) == 2
+    unended = "<!-- verdicts: claims.yaml -->\nold\n\n" + text  # its end missing: not swallowed
+    doc.write_text(unended)
+    assert quoted.main([str(doc)]) == 2 and doc.read_text() == unended
+    assert "2 verdict heads, 1 well-formed blocks" in capsys.readouterr().err
 
 
 def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):

@@ -382,20 +382,23 @@ def test_a_differing_model_is_explained_by_the_cpus_and_its_figures_compared(tmp
 
     a = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.13.0+cpu"}
     b = a | {"cpu_capability": "AVX2"}
-    assert "does not record its CPU (this one: AMD EPYC (AVX512" in _machines(
+    assert "the committed model does not record its CPU (the other: AMD EPYC (AVX512" in _machines(
         model("old", None), model("x", a)
     )
-    assert "on AMD EPYC (AVX2, torch 2.13.0+cpu) there, AMD EPYC (AVX512" in _machines(
+    (tmp_path / "v1").mkdir()  # a v1 model has no record at all
+    assert "the committed model does not record its CPU" in _machines(tmp_path / "v1", model("w", a))
+    assert "trained with cpu_capability AVX2 there, AVX512 here: float kernels" in _machines(
         model("y", b), model("z", a)
     )
     assert (
-        "same kind of CPU (AMD EPYC (AVX512, torch 2.13.0+cpu)): the recipe does not reproduce"
+        "same kind of CPU (AMD EPYC (AVX512, torch 2.13.0+cpu)): the recipe, or the committed model it"
         in _machines(model("p", a), model("q", a))
     )
     committed = {
         "teacher_countdown3": 0.80,
         "teacher_prior": 0.99,
         "teacher_nll_on_student": 0.8,
+        "teacher_lead_countdown3": 0.40,
         "teacher_tinysci": 0.0,
         "teacher_train_seconds": 100.0,
         "teacher_es_countdown3": 0.5,
@@ -404,14 +407,16 @@ def test_a_differing_model_is_explained_by_the_cpus_and_its_figures_compared(tmp
         "teacher_countdown3": 0.70,
         "teacher_prior": 0.98,
         "teacher_nll_on_student": 2.0,
+        "teacher_lead_countdown3": 0.20,
         "teacher_tinysci": 0.0,
         "teacher_train_seconds": 90.0,
         "teacher_es_countdown3": 0.1,
     }
     rows = figure_table("teacher", ["teacher", "teacher-es"], committed, retrained, 500).splitlines()
-    assert "500 problems" in rows[0] and len(rows) == 4
-    cd3, nll, prior = (row.split() for row in rows[1:])
+    assert "500 problems" in rows[0] and len(rows) == 5
+    cd3, lead, nll, prior = (row.split() for row in rows[1:])
     assert cd3 == ["countdown3", "0.800", "0.700", "-0.100", "*"]  # 3 SE: 0.077
+    assert lead == ["lead_countdown3", "0.400", "0.200", "-0.200"]  # a difference of two: never marked
     assert nll == ["nll_on_student", "0.800", "2.000", "+1.200"]  # not a share: never marked
     assert prior == ["prior", "0.990", "0.980", "-0.010"]  # inside 3 SE (0.023)
     rows = figure_table("teacher", ["teacher", "teacher-es"], committed, retrained, 50).splitlines()
