@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -235,22 +236,37 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(tmp_path,
         assert torch.equal(tensor, weights[name]), name
 
 
+@pytest.fixture(scope="module")
+def killed_at_3(shared_env, tmp_path_factory) -> Path:
+    """A run killed after step 3, fitted once; each test that resumes it resumes its own copy."""
+    run = tmp_path_factory.mktemp("killed_at_3") / "run"
+    assert fit(run, shared_env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
+    return run
+
+
 @pytest.mark.slow
-def test_moved_run_directory_resumes(tmp_path, env, reference):
-    run = tmp_path / "run"
-    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
+def test_moved_run_directory_resumes(tmp_path, env, reference, killed_at_3):
     moved = tmp_path / "elsewhere" / "run"
-    moved.parent.mkdir()
-    run.rename(moved)
-    resumed = fit(moved, env, "--ckpt_path", "last")
+    shutil.copytree(killed_at_3, moved)
+    # Moved: nothing is left where the run was written, so a path recorded there cannot be read.
+    away = killed_at_3.with_name("away")
+    killed_at_3.rename(away)
+    try:
+        resumed = fit(moved, env, "--ckpt_path", "last")
+    finally:
+        wrote_to_old_path = killed_at_3.exists()
+        if wrote_to_old_path:  # cleared, so that the shared run is restored for the next test
+            shutil.rmtree(killed_at_3)
+        away.rename(killed_at_3)
+    assert not wrote_to_old_path, "the moved run's resume wrote where the run used to be"
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(moved) == reference
 
 
 @pytest.mark.slow
-def test_resume_with_a_recorded_config_change(tmp_path, env, refusal):
+def test_resume_with_a_recorded_config_change(tmp_path, env, refusal, killed_at_3):
     run = tmp_path / "run"
-    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
+    shutil.copytree(killed_at_3, run)
     lr = ["--model.init_args.optimizer.init_args.lr", "0.01"]
     base = yaml.safe_load((ROOT / "configs" / "tiny" / "base.yaml").read_text())
     base_lr = base["model"]["init_args"]["optimizer"]["init_args"]["lr"]
