@@ -59,14 +59,22 @@ def stamp_of(recipe: Recipe, name: str) -> dict:
     return {"name": name, "models": chain, "corpus": corpus, "seed": recipe.seed, "threads": recipe.threads}
 
 
-def record_matches(folder: Path, stamp: dict) -> bool:
-    """`folder` holds a complete model trained from `stamp` (an earlier build's, kept on resume)."""
+def read_model_record(folder: Path) -> dict | None:
+    """The record beside a trained model (`MODEL_RECORD`), or None when it is missing or unreadable."""
     try:
         record = json.loads((folder / MODEL_RECORD).read_text())
     except (OSError, ValueError):
-        return False
-    return record.get("stamp") == stamp and all(
-        (folder / f).is_file() for f in ("config.json", "model.safetensors")
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def record_matches(folder: Path, stamp: dict) -> bool:
+    """`folder` holds a complete model trained from `stamp` (an earlier build's, kept on resume)."""
+    record = read_model_record(folder)
+    return (
+        record is not None
+        and record.get("stamp") == stamp
+        and all((folder / f).is_file() for f in ("config.json", "model.safetensors"))
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from distill.models.tiny_world import BarsMissed, build, committed_build, only_models
-from distill.models.tiny_world_folders import MODEL_RECORD
+from distill.models.tiny_world_folders import read_model_record
 from distill.models.tiny_world_quality import quality_key
 from distill.models.tiny_world_recipes import V2, Recipe
 
@@ -49,11 +49,12 @@ def verify(
         ours = load_file(Path(folder) / "model.safetensors")
         theirs = load_file(committed / name / "model.safetensors")
         same[name] = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-        verdict = "identical to the committed build" if same[name] else "DIFFERS from the committed build; "
-        print(
-            f"[tiny-world] {name}: {verdict}{'' if same[name] else _machines(committed / name, folder)}",
-            flush=True,
+        verdict = (
+            "identical to the committed build"
+            if same[name]
+            else f"DIFFERS from the committed build; {_machines(committed / name, folder)}"
         )
+        print(f"[tiny-world] {name}: {verdict}", flush=True)
 
     with tempfile.TemporaryDirectory() if work is None else contextlib.nullcontext(work) as tmp:
         figures: dict = {}
@@ -79,7 +80,7 @@ def verify(
 def _machines(committed: Path, ours: Path) -> str:
     """Why two models trained from one recipe may differ: what their records say about the machines
     that trained them (a v1 model, or one trained before records named the CPU, has none)."""
-    there, here = (_machine(m) for m in (committed, ours))
+    there, here = ((read_model_record(m) or {}).get("machine") for m in (committed, ours))
     if there is None or here is None:
         return (
             f"the {'committed' if there is None else 'retrained'} model does not record its CPU (the other: "
@@ -87,7 +88,9 @@ def _machines(committed: Path, ours: Path) -> str:
             "quality figures are compared below"
         )
     changed = [
-        f"{k} {there.get(k)} there, {here.get(k)} here" for k in MACHINE_FIELDS if there.get(k) != here.get(k)
+        f"{k} {there.get(k)} there, {here.get(k)} here"
+        for k in sorted(there | here)
+        if there.get(k) != here.get(k)
     ]
     if changed:
         return (
@@ -97,16 +100,6 @@ def _machines(committed: Path, ours: Path) -> str:
         f"trained on the same kind of CPU ({_cpu(here)}): the recipe, or the committed model it starts "
         "from, does not reproduce"
     )
-
-
-MACHINE_FIELDS = ("cpu", "cpu_capability", "torch")  # `distill.runinfo.machine()`
-
-
-def _machine(folder: Path) -> dict | None:
-    try:
-        return json.loads((folder / MODEL_RECORD).read_text()).get("machine")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _cpu(machine: dict | None) -> str:
