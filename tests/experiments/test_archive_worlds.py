@@ -32,6 +32,7 @@ WORLDS = {
     "tiny_robustness": "v2",
     "v3_grid": "v3",
     "v3_rlvr": "v3",
+    "v3_robustness": "v3",
 }
 RUN_FILES = ("config.yaml", "overrides.yaml", "settings.json")
 

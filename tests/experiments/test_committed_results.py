@@ -83,6 +83,7 @@ def _same_verdicts(out: Path, committed: Path) -> None:
         ("tiny_rlvr", {"distill": 8, "grpo": 8}, True),
         ("tiny_robustness", {"no_clip": 12, "topk": 12, "longchain": 12}, False),
         ("v3_rlvr", {"distill": 16, "grpo": 16}, True),
+        ("v3_robustness", {"no_clip": 8, "topk": 8, "longchain": 8}, False),
     ],
 )
 def test_committed_staged_report_regenerates(tmp_path, name, stages, chained):

@@ -220,17 +220,23 @@ def test_claims_file_errors_are_one_line(tmp_path, edit, message):
     assert "\n" not in str(err.value)
 
 
-def test_docs_quote_the_generated_verdict_tables():
-    """docs/study.md quotes `distill report --claims experiments/claims/v2.yaml` and v3's outcome
-    table beside v2's as the committed archives give them; it does not retype them."""
+@pytest.mark.parametrize(
+    "doc, tables",
+    [
+        ("README.md", ["experiments/claims/v3.yaml beside experiments/claims/v2.yaml"]),
+        (
+            "docs/study.md",
+            ["experiments/claims/v2.yaml", "experiments/claims/v3.yaml beside experiments/claims/v2.yaml"],
+        ),
+    ],
+)
+def test_docs_quote_the_generated_verdict_tables(doc, tables):
+    """README's outcome table (v3's beside v2's) and docs/study.md's (v2's; v3's beside v2's) are
+    what `distill report --claims ...` prints from the committed archives; they are not retyped."""
     from distill.experiments import quoted
 
-    text = (quoted.ROOT / "docs" / "study.md").read_text()
-    heads = [m["head"] for m in quoted.BLOCK.finditer(text)]
-    assert heads == [
-        "<!-- verdicts: experiments/claims/v2.yaml -->",
-        "<!-- verdicts: experiments/claims/v3.yaml beside experiments/claims/v2.yaml -->",
-    ]
+    text = (quoted.ROOT / doc).read_text()
+    assert [m["head"] for m in quoted.BLOCK.finditer(text)] == [f"<!-- verdicts: {t} -->" for t in tables]
     assert quoted.refresh(text) == (text, [])
 
 
