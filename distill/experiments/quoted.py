@@ -8,7 +8,11 @@ holds exactly what `distill report --claims CLAIMS [--beside EARLIER]` prints (p
 the repository root). After an archive lands, `python -m distill.experiments.quoted FILE...`
 (`make outcome`) rewrites the blocks; `--check` rewrites nothing and exits 1 naming each stale
 block (a docs test checks docs/study.md the same way), so a quoted table is never retyped or left
-behind its archives. A head this format does not match, or one without its end, is an error."""
+behind its archives. A head this format does not match, or one without its end, is an error.
+
+Holm's family is a whole claims file, so an archive that lands also moves the adjusted intervals in
+the reports of the archives already there: `--archives experiments/results` regenerates their
+verdicts too (`distill.experiments.verdict_table.refreshed`), and `--check` names the stale ones."""
 
 from __future__ import annotations
 
@@ -54,10 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m distill.experiments.quoted", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("files", nargs="+", type=Path, help="Markdown files holding verdict blocks")
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files holding verdict blocks")
     parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a block is stale")
+    parser.add_argument(
+        "--archives",
+        type=Path,
+        metavar="DIR",
+        help="also regenerate the verdicts of every reported archive in DIR that names a claims file "
+        "(report/verdicts.md, verdicts.json and report.md's verdict section)",
+    )
     args = parser.parse_args(argv)
     stale_anywhere = False
+    for sweep_dir in sorted(p for p in (args.archives.iterdir() if args.archives else ()) if p.is_dir()):
+        for path, text in verdict_table.refreshed(sweep_dir).items():
+            print(f"{path}: {'stale' if args.check else 'regenerated'}")
+            if not args.check:
+                path.write_text(text)
+            stale_anywhere = True
     for path in args.files:
         text = path.read_text()
         blocks = len(BLOCK.findall(text))
@@ -76,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         stale_anywhere |= bool(stale)
     if args.check and stale_anywhere:
         print(
-            "regenerate with `make outcome` (python -m distill.experiments.quoted FILE...)", file=sys.stderr
+            "regenerate with `make outcome` (python -m distill.experiments.quoted [--archives DIR] FILE...)",
+            file=sys.stderr,
         )
         return 1
     return 0

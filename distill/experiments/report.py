@@ -63,7 +63,7 @@ from distill.experiments.records import (
 )
 from distill.experiments.references import DIRNAME as REFERENCES
 from distill.experiments.references import load_references
-from distill.experiments.sweep_record import read_sweep_record
+from distill.experiments.sweep_record import sweep_name
 from distill.experiments.tables import COL, GRADIENT, LR, ROW, SIDE_EFFECTS, table_axes
 
 
@@ -93,12 +93,6 @@ def _importance_cells(imp: Importance, factors: list[str]) -> list[str]:
     top = imp.largest()
     cells = [f"**{_share(imp.factors[k])}**" if k == top else _share(imp.factors[k]) for k in factors]
     return [*cells, _share(imp.interactions), _share(imp.residual)]
-
-
-def _sweep_name(sweep_dir: Path) -> str:
-    """The spec's name from `sweep.json` (an archive keeps it), else the directory's name."""
-    name = read_sweep_record(sweep_dir).get("name")
-    return name if isinstance(name, str) and name else sweep_dir.name
 
 
 def _within_section(
@@ -199,7 +193,7 @@ def _header(
 ) -> list[str]:
     """Title, run counts, the runs left out (and why), `note` (on the references), the knob table."""
     done = [r for r in records if r.finished]
-    lines = [f"# Sweep report: {_sweep_name(sweep_dir)}", ""]
+    lines = [f"# Sweep report: {sweep_name(sweep_dir)}", ""]
     lines += [
         f"{len(done)} finished runs of {len(records)} in `{sweep_dir}`; every run is a row of `runs.csv`.",
         "",
@@ -280,7 +274,7 @@ def build_report(
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out is not None else sweep_dir / "report"
     verdicts = (
-        verdict_table.section(sweep_dir, _sweep_name(sweep_dir), *claims, out) if claims is not None else []
+        verdict_table.section(sweep_dir, sweep_name(sweep_dir), *claims, out) if claims is not None else []
     )
     staged = stages.read_stages(sweep_dir)
     if staged:

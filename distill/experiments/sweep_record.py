@@ -25,6 +25,12 @@ def read_sweep_record(sweep_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def sweep_name(sweep_dir: Path) -> str:
+    """The spec's name from `sweep.json` (an archive keeps it), else the directory's name."""
+    name = read_sweep_record(sweep_dir).get("name")
+    return name if isinstance(name, str) and name else Path(sweep_dir).name
+
+
 def _config_digests(paths: list[Path]) -> list[str]:
     """Each config's sha256, with the files it includes (`base:`) in merge order."""
     out = []

@@ -18,7 +18,7 @@ from typing import Any
 from distill.experiments.axes import format_value
 from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_claims
 from distill.experiments.intervals import Estimate
-from distill.experiments.sweep_record import read_sweep_record
+from distill.experiments.sweep_record import read_sweep_record, sweep_name
 from distill.experiments.tables import is_share
 from distill.experiments.verdicts import Verdict, evaluate, stage_dir
 
@@ -230,19 +230,29 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
     }
 
 
+def files(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -> dict[str, str]:
+    """The text of `verdicts.md` and `verdicts.json`."""
+    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), ""]
+    return {
+        "verdicts.md": "\n".join(md),
+        "verdicts.json": json.dumps(as_json(claims, name, verdicts, size), indent=1) + "\n",
+    }
+
+
 def write(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int, out: Path) -> None:
     """`verdicts.md` and `verdicts.json` in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), ""]
-    (out / "verdicts.md").write_text("\n".join(md))
-    (out / "verdicts.json").write_text(json.dumps(as_json(claims, name, verdicts, size), indent=1) + "\n")
+    for file, text in files(claims, name, verdicts, size).items():
+        (out / file).write_text(text)
 
 
 def _cells(v: Verdict | None) -> list[str]:
-    """effect [Holm-adjusted interval], pairs, MDE and verdict of one claim (why, when not testable)."""
+    """effect [Holm-adjusted interval], pairs, MDE and verdict of one claim (why, when not testable
+    or without an interval)."""
     if v is None:
         return ["—", "—", "—", "not declared"]
-    why = f": {v.reason}" if v.verdict == "not testable" and v.reason else ""
+    shown = v.verdict == "not testable" or (v.adjusted is None and v.estimate is not None)  # no interval
+    why = f": {v.reason}" if shown and v.reason else ""
     return [_interval(v.claim, v.adjusted or v.estimate), _pairs(v), _mde(v), f"**{v.verdict}**{why}"]
 
 
@@ -275,24 +285,65 @@ _BESIDE = ("effect [Holm-adjusted interval]", "pairs", "MDE (80 %)", "verdict")
 def section(sweep_dir: Path, sweep_name: str, claims_path: Path, name: str, out: Path) -> list[str]:
     """The report's verdict section for the claims that read this sweep (also written to
     `out/verdicts.md` and `out/verdicts.json`)."""
+    lines, texts = _section(sweep_dir, sweep_name, claims_path, name)
+    out.mkdir(parents=True, exist_ok=True)
+    for file, text in texts.items():
+        (out / file).write_text(text)
+    return lines
+
+
+def _section(
+    sweep_dir: Path, sweep_name: str, claims_path: Path, name: str
+) -> tuple[list[str], dict[str, str]]:
     claims = load_claims(claims_path)
     everything = family(claims, {sweep_name: sweep_dir})
     verdicts = [v for v in everything if v.claim.sweep == sweep_name]
     if not verdicts:
-        return [f"No claim of `{name}` reads `{sweep_name}`: every table below is exploratory.", ""]
+        return [f"{_NO_CLAIM} `{name}` reads `{sweep_name}`: every table below is exploratory.", ""], {}
     size = family_size(everything)
-    write(claims, name, verdicts, size, out)
     return [
-        "## Verdicts: the declared claims",
+        _SECTION_HEAD,
         "",
         *intro(claims, name, size),
         "",
         *table(verdicts),
         "",
-        "Also in `verdicts.md` and `verdicts.json`. Everything below is exploratory: not declared in "
+        f"{_SECTION_TAIL} Everything below is exploratory: not declared in "
         f"`{name}`, so unadjusted for multiplicity and without a verdict.",
         "",
-    ]
+    ], files(claims, name, verdicts, size)
+
+
+_SECTION_HEAD = "## Verdicts: the declared claims"
+_SECTION_TAIL = "Also in `verdicts.md` and `verdicts.json`."
+_NO_CLAIM = "No claim of"
+
+
+def refreshed(sweep_dir: Path) -> dict[Path, str]:
+    """The files of a reported archive whose verdicts changed since its report was written, with
+    their new text: `report/verdicts.md`, `report/verdicts.json` and the verdict section of
+    `report/report.md`. Holm's family is the whole claims file, so an archive that lands moves the
+    adjusted intervals of every archive the file reads (`make outcome` rewrites them, seconds)."""
+    sweep_dir = Path(sweep_dir)
+    report = sweep_dir / "report" / "report.md"
+    attached = attached_claims(sweep_dir)
+    if attached is None or not report.is_file():
+        return {}
+    lines, texts = _section(sweep_dir, sweep_name(sweep_dir), *attached)
+    old = report.read_text().split("\n")
+    heads = [i for i, line in enumerate(old) if line == _SECTION_HEAD or line.startswith(_NO_CLAIM)]
+    if len(heads) != 1:
+        raise ClaimsError(f"{report}: {len(heads)} verdict sections, expected one (regenerate the report)")
+    start = heads[0]
+    end = start + 2  # "No claim of ...", blank
+    if old[start] == _SECTION_HEAD:
+        tails = [i for i in range(start, len(old)) if old[i].startswith(_SECTION_TAIL)]
+        if not tails:
+            raise ClaimsError(f"{report}: the verdict section has no end (regenerate the report)")
+        end = tails[0] + 2
+    texts = {sweep_dir / "report" / k: v for k, v in texts.items()}
+    texts[report] = "\n".join(old[:start] + lines + old[end:])
+    return {path: text for path, text in texts.items() if not path.is_file() or path.read_text() != text}
 
 
 def claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> int:

@@ -447,3 +447,23 @@ def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
     for r in qa:  # a dataset spec's runs log under its task's name
         r.metrics[f"test/{task_name(spec)}/accuracy"] = 0.2
     assert metric_names(qa)[0] == f"test/{task_name(spec)}/accuracy"
+
+
+@pytest.mark.parametrize(
+    ("metric", "share"),
+    [
+        ("test/countdown3/accuracy", True),
+        ("test/countdown3/pass@8", True),
+        ("forgetting/mean_drop", True),
+        ("style/teacher_style_share", True),
+        ("style/teacher_style_share_sampled", True),  # the graded v3 measure, shown in pp like the rest
+        ("style/teacher_own_share_sampled", True),
+        ("style/adoption_step", False),
+        ("sparsity/relative_update_norm", False),
+        ("grad/param_norm", False),
+    ],
+)
+def test_fractions_are_shown_in_percent_and_nothing_else(metric, share):
+    from distill.experiments.tables import is_share
+
+    assert is_share(metric) is share

@@ -240,6 +240,16 @@ def test_docs_quote_the_generated_verdict_tables(doc, tables):
     assert quoted.refresh(text) == (text, [])
 
 
+def test_committed_reports_carry_the_current_verdicts(capsys):
+    """Every committed report's verdicts are those of the whole family as it stands: an archive that
+    lands without `make outcome` leaves the others' adjusted intervals behind (CI, stop 42)."""
+    from distill.experiments import quoted
+
+    assert quoted.main(["--archives", str(quoted.ROOT / "experiments" / "results"), "--check"]) == 0, (
+        capsys.readouterr().out
+    )
+
+
 def test_a_stale_quoted_table_is_found_and_regenerated(tmp_path, capsys, monkeypatch):
     """`python -m distill.experiments.quoted FILE` (`make outcome`): a block that no longer says what
     the archives give (still empty; its claim moved to another archive) is named by `--check`, which
@@ -272,6 +282,38 @@ def test_a_stale_quoted_table_is_found_and_regenerated(tmp_path, capsys, monkeyp
     doc.write_text(unended)
     assert quoted.main([str(doc)]) == 2 and doc.read_text() == unended
     assert "2 verdict heads, 1 well-formed blocks" in capsys.readouterr().err
+
+
+def test_an_archive_that_lands_refreshes_the_verdicts_of_the_reports_already_there(tmp_path, capsys):
+    """Holm's family is the whole claims file: when a second claim's archive lands, the first
+    archive's committed report is stale (its adjusted interval moves). `make outcome`
+    (`quoted --archives DIR`) names it under `--check` without writing, and regenerates exactly what
+    a fresh `distill report` writes."""
+    from distill.experiments import quoted
+    from distill.experiments.report import main as report
+
+    results = tmp_path / "results"
+    _archive(results, "up", lambda mix, lr, seed: 0.4 + 0.05 * (mix == 0) + 0.01 * seed * mix)
+    (results / "up" / "sweep.json").write_text(json.dumps({"name": "up", "claims": "claims.yaml"}))
+    # the later claim pending: in the family with p = 1
+    _claims(tmp_path, [("grows", "up", "increase"), ("later", "later", "increase")])
+    assert report([str(results / "up"), "--no-plots"]) == 0
+    out = results / "up" / "report"
+    before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    assert quoted.main(["--archives", str(results), "--check"]) == 0
+    # a clearer effect than up's: Holm now tests up's claim second, at 95 % instead of 97.5 %
+    _archive(results, "later", lambda mix, lr, seed: 0.4 + 0.2 * (mix == 0) + 0.001 * seed * mix)
+    capsys.readouterr()
+    assert quoted.main(["--archives", str(results), "--check"]) == 1
+    named = capsys.readouterr().out
+    assert f"{out / 'verdicts.json'}: stale" in named and f"{out / 'report.md'}: stale" in named
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == before
+    assert quoted.main(["--archives", str(results)]) == 0
+    refreshed = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    assert refreshed != before and json.loads(refreshed["verdicts.json"])["family"] == 2
+    assert report([str(results / "up"), "--no-plots"]) == 0
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == refreshed
+    assert quoted.main(["--archives", str(results), "--check"]) == 0
 
 
 def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):
