@@ -97,12 +97,12 @@ sweep-v3-rlvr: $(READY) ## v3: distil then GRPO, {forward, reverse} x mix {0, 1}
 	$(BIN)/distill sweep experiments/v3_rlvr.yaml --jobs 2 --archive experiments/results/v3_rlvr
 	$(BIN)/distill report experiments/results/v3_rlvr
 
-sweep-v3-robustness: $(READY) ## v3: no clipping, top-8 KL, long-chain training; reverse KL, mix {0, 1} x 4 seeds each (24 runs; about 1.5 h), archived in experiments/results/v3_robustness
+sweep-v3-robustness: $(READY) ## v3: no clipping, top-8 KL, long-chain training; reverse KL, mix {0, 1} x 4 seeds each (24 runs; measured 1 h 11 min with 2 jobs on 2 cores, a mean 328 s a run, the long chain's longest; resumable), archived in experiments/results/v3_robustness
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/v3_robustness.yaml --jobs 2 --archive experiments/results/v3_robustness
 	$(BIN)/distill report experiments/results/v3_robustness
 
-sweep-v3-style: $(READY) ## v3: style transfer from teacher-es, {forward, reverse} x mix {0, 1} x 4 seeds (16 runs; about 0.9 h), archived in experiments/results/v3_style
+sweep-v3-style: $(READY) ## v3: style transfer from teacher-es, {forward, reverse} x mix {0, 1} x 4 seeds (16 runs; measured 52 min with 2 jobs on 2 cores, a mean 344 s a run; resumable), archived in experiments/results/v3_style
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/v3_style.yaml --jobs 2 --archive experiments/results/v3_style
 	$(BIN)/distill report experiments/results/v3_style
@@ -115,8 +115,8 @@ sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1
 plan-v3: $(READY) ## the v3 study's seeds: each declared claim's minimum detectable effect at the planned specs, from v2's spread (seconds)
 	$(BIN)/python -m distill.experiments.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
 
-outcome: $(READY) ## regenerate the verdict tables README.md and docs/study.md quote (v2's; v3's beside v2's) from the committed archives, after an archive lands (seconds)
-	$(BIN)/python -m distill.experiments.quoted README.md docs/study.md
+outcome: $(READY) ## after an archive lands: regenerate the verdicts of every committed report and the tables README.md and docs/study.md quote (seconds)
+	$(BIN)/python -m distill.experiments.quoted --archives experiments/results README.md docs/study.md
 
 sweep-paper-llama: $(READY) ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml
