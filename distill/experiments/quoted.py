@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from distill.experiments import verdict_table
+from distill.experiments.claims import ClaimsError
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(
@@ -59,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m distill.experiments.quoted", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files holding verdict blocks")
-    parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a block is stale")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="rewrite nothing; exit 1 if a block or an archive's verdicts are stale",
+    )
     parser.add_argument(
         "--archives",
         type=Path,
@@ -68,12 +73,19 @@ def main(argv: list[str] | None = None) -> int:
         "(report/verdicts.md, verdicts.json and report.md's verdict section)",
     )
     args = parser.parse_args(argv)
+    if not args.files and args.archives is None:
+        parser.error("give Markdown FILES, --archives DIR, or both")
     stale_anywhere = False
     for sweep_dir in sorted(p for p in (args.archives.iterdir() if args.archives else ()) if p.is_dir()):
-        for path, text in verdict_table.refreshed(sweep_dir).items():
+        try:
+            stale = verdict_table.refreshed(sweep_dir)
+        except ClaimsError as err:
+            print(f"{sweep_dir}: {err}", file=sys.stderr)
+            return 2
+        for path, text in stale.items():
             print(f"{path}: {'stale' if args.check else 'regenerated'}")
             if not args.check:
-                path.write_text(text)
+                verdict_table.put(path, text)
             stale_anywhere = True
     for path in args.files:
         text = path.read_text()

@@ -38,7 +38,7 @@ Axis = tuple[str, list[Any]]
 
 # Fractions in [0, 1] (or their differences) shown in percent.
 SHARES = re.compile(
-    r"/accuracy$|/pass@\d+$|^style/teacher_(style|own)_share|^forgetting/|^sparsity/(?!relative_update_norm)"
+    r"/accuracy$|/pass@\d+$|^style/teacher_(?:style|own)_share(?:_sampled|_start)?$|^forgetting/|^sparsity/(?!relative_update_norm)"
 )
 
 

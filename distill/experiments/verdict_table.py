@@ -288,18 +288,28 @@ def section(sweep_dir: Path, sweep_name: str, claims_path: Path, name: str, out:
     lines, texts = _section(sweep_dir, sweep_name, claims_path, name)
     out.mkdir(parents=True, exist_ok=True)
     for file, text in texts.items():
-        (out / file).write_text(text)
+        put(out / file, text)
     return lines
+
+
+def put(path: Path, text: str | None) -> None:
+    """Write `text` to `path`, or remove the file where `text` is None."""
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(text)
 
 
 def _section(
     sweep_dir: Path, sweep_name: str, claims_path: Path, name: str
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[str], dict[str, str | None]]:
+    """The section's lines and the verdict files' text (None: the file must not be there)."""
     claims = load_claims(claims_path)
     everything = family(claims, {sweep_name: sweep_dir})
     verdicts = [v for v in everything if v.claim.sweep == sweep_name]
     if not verdicts:
-        return [f"{_NO_CLAIM} `{name}` reads `{sweep_name}`: every table below is exploratory.", ""], {}
+        no_claim = f"{_NO_CLAIM} `{name}` reads `{sweep_name}`: every table below is exploratory."
+        return [no_claim, ""], dict.fromkeys(("verdicts.md", "verdicts.json"))
     size = family_size(everything)
     return [
         _SECTION_HEAD,
@@ -316,14 +326,18 @@ def _section(
 
 _SECTION_HEAD = "## Verdicts: the declared claims"
 _SECTION_TAIL = "Also in `verdicts.md` and `verdicts.json`."
-_NO_CLAIM = "No claim of"
+_NO_CLAIM = "No claim of"  # followed by the claims file's name in backticks
 
 
-def refreshed(sweep_dir: Path) -> dict[Path, str]:
-    """The files of a reported archive whose verdicts changed since its report was written, with
-    their new text: `report/verdicts.md`, `report/verdicts.json` and the verdict section of
-    `report/report.md`. Holm's family is the whole claims file, so an archive that lands moves the
-    adjusted intervals of every archive the file reads (`make outcome` rewrites them, seconds)."""
+def refreshed(sweep_dir: Path) -> dict[Path, str | None]:
+    """The verdict files of a reported archive that differ from what `distill report` would write
+    now, each with its new whole text (None: to be removed): `report/verdicts.md`,
+    `report/verdicts.json`, and `report/report.md` with its verdict section regenerated and the rest
+    kept. Holm's family is the whole claims file, so an archive that lands moves the adjusted
+    intervals of every archive the file reads (`make outcome` rewrites them, seconds). Empty for an
+    archive without a report or whose `sweep.json` names no claims file (a report built with
+    `--claims` is not one `make outcome` keeps); a ClaimsError when report.md has not exactly one
+    verdict section."""
     sweep_dir = Path(sweep_dir)
     report = sweep_dir / "report" / "report.md"
     attached = attached_claims(sweep_dir)
@@ -331,7 +345,7 @@ def refreshed(sweep_dir: Path) -> dict[Path, str]:
         return {}
     lines, texts = _section(sweep_dir, sweep_name(sweep_dir), *attached)
     old = report.read_text().split("\n")
-    heads = [i for i, line in enumerate(old) if line == _SECTION_HEAD or line.startswith(_NO_CLAIM)]
+    heads = [i for i, line in enumerate(old) if line == _SECTION_HEAD or line.startswith(f"{_NO_CLAIM} `")]
     if len(heads) != 1:
         raise ClaimsError(f"{report}: {len(heads)} verdict sections, expected one (regenerate the report)")
     start = heads[0]
@@ -343,7 +357,12 @@ def refreshed(sweep_dir: Path) -> dict[Path, str]:
         end = tails[0] + 2
     texts = {sweep_dir / "report" / k: v for k, v in texts.items()}
     texts[report] = "\n".join(old[:start] + lines + old[end:])
-    return {path: text for path, text in texts.items() if not path.is_file() or path.read_text() != text}
+    return {
+        path: text
+        for path, text in texts.items()
+        if (text is None and path.exists())
+        or (text is not None and (not path.is_file() or path.read_text() != text))
+    }
 
 
 def claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> int:

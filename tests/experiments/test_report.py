@@ -458,6 +458,8 @@ def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
         ("style/teacher_style_share", True),
         ("style/teacher_style_share_sampled", True),  # the graded v3 measure, shown in pp like the rest
         ("style/teacher_own_share_sampled", True),
+        ("style/teacher_style_share_start", True),
+        ("style/teacher_style_share_steps", False),
         ("style/adoption_step", False),
         ("sparsity/relative_update_norm", False),
         ("grad/param_norm", False),

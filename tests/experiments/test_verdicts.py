@@ -314,6 +314,18 @@ def test_an_archive_that_lands_refreshes_the_verdicts_of_the_reports_already_the
     assert report([str(results / "up"), "--no-plots"]) == 0
     assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == refreshed
     assert quoted.main(["--archives", str(results), "--check"]) == 0
+    # the claim moves to another archive: up's report says no claim reads it, its verdict files go
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(claims.read_text().replace("archive: up", "archive: later"))
+    assert quoted.main(["--archives", str(results)]) == 0
+    assert not (out / "verdicts.json").exists() and not (out / "verdicts.md").exists()
+    assert "No claim of `claims.yaml` reads `up`" in (out / "report.md").read_text()
+    assert quoted.main(["--archives", str(results), "--check"]) == 0
+    (out / "report.md").write_text((out / "report.md").read_text().replace("No claim of", "Nothing of"))
+    assert quoted.main(["--archives", str(results)]) == 2  # no section to replace: an error, not a guess
+    assert "0 verdict sections, expected one" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # nothing to do is a usage error
+        quoted.main([])
 
 
 def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):
