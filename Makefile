@@ -107,7 +107,7 @@ sweep-v3-style: $(READY) ## v3: style transfer from teacher-es, {forward, revers
 	$(BIN)/distill sweep experiments/v3_style.yaml --jobs 2 --archive experiments/results/v3_style
 	$(BIN)/distill report experiments/results/v3_style
 
-sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1} x lr {1e-4, 3e-4} x 3 seeds (24 runs; about 2.6 h), archived in experiments/results/v3_sci
+sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1} x lr {1e-4, 3e-4} x 3 seeds (24 runs; measured 1 h 22 min with 2 jobs on 2 cores, a mean 357 s a run, part of it beside a test run; resumable), archived in experiments/results/v3_sci
 	$(BIN)/distill tiny-world
 	$(BIN)/distill sweep experiments/v3_sci.yaml --jobs 2 --archive experiments/results/v3_sci
 	$(BIN)/distill report experiments/results/v3_sci
@@ -115,8 +115,8 @@ sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1
 plan-v3: $(READY) ## the v3 study's seeds: each declared claim's minimum detectable effect at the planned specs, from v2's spread (seconds)
 	$(BIN)/python -m distill.experiments.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
 
-outcome: $(READY) ## after an archive lands: regenerate the verdicts of every committed report and the tables README.md and docs/study.md quote (seconds)
-	$(BIN)/python -m distill.experiments.quoted --archives experiments/results README.md docs/study.md
+outcome: $(READY) ## after an archive lands: regenerate the verdicts of every committed report and the tables README.md, docs/study.md and the LOG quote (seconds)
+	$(BIN)/python -m distill.experiments.quoted --archives experiments/results README.md docs/study.md experiments/LOG.md
 
 sweep-paper-llama: $(READY) ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml

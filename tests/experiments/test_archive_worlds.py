@@ -34,6 +34,7 @@ WORLDS = {
     "v3_rlvr": "v3",
     "v3_robustness": "v3",
     "v3_style": "v3",
+    "v3_sci": "v3",
 }
 RUN_FILES = ("config.yaml", "overrides.yaml", "settings.json")
 

@@ -2,8 +2,8 @@
 (`experiments/results/tiny_grid_v1`), the v2 demo (`experiments/results/demo_v2`), the v2
 run-length sizing (`experiments/results/v2_sizing`), the v2 study's main grid and style sweep
 (`experiments/results/tiny_grid`, `tiny_style`) and the knowledge grid (`tiny_sci`), the v3
-study's main grid and style sweep (`v3_grid`, `v3_style`, each with its verdict table); the
-staged archives (RLVR, robustness) below."""
+study's main grid, style sweep and knowledge grid (`v3_grid`, `v3_style`, `v3_sci`, each with
+its verdict table); the staged archives (RLVR, robustness) below."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def unrendered_plots(monkeypatch):
         ("tiny_sci", 24, True),
         ("v3_grid", 72, True),
         ("v3_style", 16, True),
+        ("v3_sci", 24, True),
     ],
 )
 def test_committed_report_regenerates_from_committed_files(tmp_path, name, n_runs, references):
