@@ -15,10 +15,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from distill.experiments import sweep_record
 from distill.experiments.axes import format_value
 from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_claims
 from distill.experiments.intervals import Estimate
-from distill.experiments.sweep_record import read_sweep_record, sweep_name
+from distill.experiments.sweep_record import read_sweep_record
 from distill.experiments.tables import is_share
 from distill.experiments.verdicts import Verdict, evaluate, stage_dir
 
@@ -241,9 +242,7 @@ def files(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -> 
 
 def write(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int, out: Path) -> None:
     """`verdicts.md` and `verdicts.json` in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    for file, text in files(claims, name, verdicts, size).items():
-        (out / file).write_text(text)
+    _put_all(out, files(claims, name, verdicts, size))
 
 
 def _cells(v: Verdict | None) -> list[str]:
@@ -286,10 +285,14 @@ def section(sweep_dir: Path, sweep_name: str, claims_path: Path, name: str, out:
     """The report's verdict section for the claims that read this sweep (also written to
     `out/verdicts.md` and `out/verdicts.json`)."""
     lines, texts = _section(sweep_dir, sweep_name, claims_path, name)
+    _put_all(out, texts)
+    return lines
+
+
+def _put_all(out: Path, texts: dict[str, str | None]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for file, text in texts.items():
         put(out / file, text)
-    return lines
 
 
 def put(path: Path, text: str | None) -> None:
@@ -343,7 +346,7 @@ def refreshed(sweep_dir: Path) -> dict[Path, str | None]:
     attached = attached_claims(sweep_dir)
     if attached is None or not report.is_file():
         return {}
-    lines, texts = _section(sweep_dir, sweep_name(sweep_dir), *attached)
+    lines, texts = _section(sweep_dir, sweep_record.sweep_name(sweep_dir), *attached)
     old = report.read_text().split("\n")
     heads = [i for i, line in enumerate(old) if line == _SECTION_HEAD or line.startswith(f"{_NO_CLAIM} `")]
     if len(heads) != 1:
