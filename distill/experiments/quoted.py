@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.files and args.archives is None:
         parser.error("give Markdown FILES, --archives DIR, or both")
+    if args.archives is not None and not args.archives.is_dir():
+        parser.error(
+            f"--archives: {args.archives} is not a directory (the committed archives: experiments/results)"
+        )
     stale_anywhere = False
     for sweep_dir in sorted(p for p in (args.archives.iterdir() if args.archives else ()) if p.is_dir()):
         try:

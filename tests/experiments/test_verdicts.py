@@ -328,6 +328,9 @@ def test_an_archive_that_lands_refreshes_the_verdicts_of_the_reports_already_the
     assert "0 verdict sections, expected one" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # nothing to do is a usage error
         quoted.main([])
+    with pytest.raises(SystemExit):
+        quoted.main(["--archives", str(tmp_path / "nowhere")])
+    assert "--archives: " in capsys.readouterr().err
 
 
 def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):
