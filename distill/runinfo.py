@@ -104,18 +104,3 @@ def write_json_atomic(path: str | Path, obj, sort_keys: bool = True) -> None:
     """Strict JSON (NaN/inf refused), indented, atomically (`write_atomic`)."""
     text = json.dumps(obj, indent=2, sort_keys=sort_keys, default=float, allow_nan=False) + "\n"
     write_text_atomic(path, text)
-
-
-def model_record(module) -> dict:
-    """Each model a run loads (`student`, `teacher`, `reference`): its resolved path and, for a
-    tiny-world model, the world's version and the weights' fingerprint (`tiny_world.world_of`), so
-    that an archive says which world its runs used."""
-    from distill.models.tiny_world import world_of
-
-    out = {}
-    for role in ("student", "teacher", "reference"):
-        path = getattr(module, f"{role}_path", None)
-        if path and (role != "reference" or getattr(module, "use_reference", False)):
-            world = world_of(path)
-            out[role] = {"path": str(path), **({"tiny_world": world} if world else {})}
-    return out

@@ -135,7 +135,6 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
     import shutil
 
     import distill.models.tiny_world as tw
-    import distill.models.tiny_world_verify as tv
 
     rebuilt = []
 
@@ -143,26 +142,25 @@ def test_verify_detects_a_changed_weight(quick_world, tmp_path, monkeypatch):
         rebuilt.append((recipe, force))
         shutil.copytree(quick_world, out, dirs_exist_ok=True)
 
-    monkeypatch.setattr(tv, "build", copy)
-    assert tv.verify(tw.QUICK, committed=quick_world)
+    monkeypatch.setattr(tw, "build", copy)
+    assert tw.verify(tw.QUICK, committed=quick_world)
     assert rebuilt == [(tw.QUICK, True)]  # a forced rebuild of the recipe asked for
     tampered = copy_with_one_weight_changed(quick_world, tmp_path / "tampered", "student", 1e-6)
-    assert not tv.verify(tw.QUICK, committed=tampered)
-    assert tv.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
+    assert not tw.verify(tw.QUICK, committed=tampered)
+    assert tw.verify(tw.QUICK, committed=quick_world)  # the copy itself passes
 
 
 def test_verify_flag_reports_through_the_exit_code(tmp_path, monkeypatch):
     import distill.models.tiny_world as tw
-    import distill.models.tiny_world_verify as tv
 
     asked = []
 
     def verified(result):
         return lambda recipe, committed, work, only: asked.append((recipe, committed, work, only)) or result
 
-    monkeypatch.setattr(tv, "verify", verified(True))
+    monkeypatch.setattr(tw, "verify", verified(True))
     assert tw.main(["--verify", "--version", "v2"]) == 0
-    monkeypatch.setattr(tv, "verify", verified(False))
+    monkeypatch.setattr(tw, "verify", verified(False))
     assert tw.main(["--verify", "--version", "v1", "--out", str(tmp_path / "kept")]) == 1
     assert tw.main(["--verify", "--out", str(tmp_path / "kept"), "--only", "teacher-es, student-sci"]) == 1
     assert asked == [
@@ -186,7 +184,6 @@ def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_com
     import shutil
 
     import distill.models.tiny_world as tw
-    import distill.models.tiny_world_verify as tv
 
     calls = []
 
@@ -194,15 +191,15 @@ def test_a_verification_in_a_kept_folder_trains_there_and_never_installs_the_com
         calls.append((out, recipe, force, install))
         shutil.copytree(quick_world, out, dirs_exist_ok=True)
 
-    monkeypatch.setattr(tv, "build", build)
+    monkeypatch.setattr(tw, "build", build)
     work = tmp_path / "kept"
-    assert tv.verify(tw.QUICK, committed=quick_world, work=work)
+    assert tw.verify(tw.QUICK, committed=quick_world, work=work)
     assert calls == [(work, tw.QUICK, False, False)] and (work / "student" / "model.safetensors").is_file()
-    assert tv.verify(tw.QUICK, committed=quick_world, work=work)  # a rerun continues in its own folder
+    assert tw.verify(tw.QUICK, committed=quick_world, work=work)  # a rerun continues in its own folder
     installed = tmp_path / "installed-world"  # e.g. the cache: its models would equal the committed ones
     shutil.copytree(quick_world, installed)
     with pytest.raises(ValueError, match="holds files a verification did not write"):
-        tv.verify(tw.QUICK, committed=quick_world, work=installed)
+        tw.verify(tw.QUICK, committed=quick_world, work=installed)
     assert len(calls) == 2
     monkeypatch.undo()
     fresh = tmp_path / "fresh"  # the real build: with install=False it trains, though assets exist
@@ -372,7 +369,7 @@ def test_a_differing_model_is_explained_by_the_cpus_and_its_figures_compared(tmp
     different, the same), and its quality figures side by side, an accuracy marked when the change
     is beyond 3 standard errors of two samples of that many problems; another model's figures
     (teacher_es_* under teacher_*), training times and abilities at 0 on both sides left out."""
-    from distill.models.tiny_world_verify import _machines, figure_table
+    from distill.models.tiny_world import _machines, figure_table
 
     def model(name, machine):
         (tmp_path / name).mkdir()
@@ -645,7 +642,6 @@ def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_pa
     import shutil
 
     import distill.models.tiny_world as tw
-    import distill.models.tiny_world_verify as tv
 
     names = [name for name, _ in tw.QUICK.models]
 
@@ -654,9 +650,9 @@ def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_pa
         trained(names[0], out / names[0])
         raise KeyboardInterrupt("stopped after the first model")
 
-    monkeypatch.setattr(tv, "build", build_then_stop)
+    monkeypatch.setattr(tw, "build", build_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        tv.verify(tw.QUICK, committed=quick_world)
+        tw.verify(tw.QUICK, committed=quick_world)
     assert capsys.readouterr().out == f"[tiny-world] {names[0]}: identical to the committed build\n"
 
     def build_all(out, recipe, force=False, install=True, trained=None):
@@ -664,8 +660,8 @@ def test_verify_compares_each_model_as_soon_as_it_is_trained(quick_world, tmp_pa
         for name in names:
             trained(name, out / name)
 
-    monkeypatch.setattr(tv, "build", build_all)
-    assert tv.verify(tw.QUICK, committed=quick_world)
+    monkeypatch.setattr(tw, "build", build_all)
+    assert tw.verify(tw.QUICK, committed=quick_world)
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"[tiny-world] {name}: identical to the committed build" for name in names]
 
@@ -680,19 +676,18 @@ def test_a_verification_in_parts_retrains_only_the_named_models_from_the_committ
     import shutil
 
     import distill.models.tiny_world as tw
-    import distill.models.tiny_world_verify as tv
 
     trained, train = [], tw.train_model
     monkeypatch.setattr(tw, "train_model", lambda *a, **k: trained.append(a[3]) or train(*a, **k))
     work = tmp_path / "part"
-    assert tv.verify(tw.QUICK, committed=quick_world, work=work, only=["teacher-es"])
+    assert tw.verify(tw.QUICK, committed=quick_world, work=work, only=["teacher-es"])
     assert trained == ["teacher-es"]
     assert "[tiny-world] teacher-es: identical to the committed build" in capsys.readouterr().out.splitlines()
     assert not (work / "quality.json").exists() and not (work / "teacher").exists()
     assert f"teacher: loaded from {quick_world} (not retrained" in (work / "build.log").read_text()
 
     changed = copy_with_one_weight_changed(quick_world, tmp_path / "changed", "teacher", 1e-3)
-    assert not tv.verify(tw.QUICK, committed=changed, only=["teacher-es"])
+    assert not tw.verify(tw.QUICK, committed=changed, only=["teacher-es"])
     assert trained == ["teacher-es", "teacher-es"]
     out = capsys.readouterr().out  # both trained here: the cause is not the CPU; the figures follow
     assert "teacher-es: DIFFERS from the committed build; trained on the same kind of CPU (" in out
@@ -701,8 +696,8 @@ def test_a_verification_in_parts_retrains_only_the_named_models_from_the_committ
     with pytest.raises(
         ValueError, match="--only must name some of the world's models, teacher, .*; got 'tutor'"
     ):
-        tv.verify(tw.QUICK, committed=quick_world, only=["teacher-es", "tutor"])
+        tw.verify(tw.QUICK, committed=quick_world, only=["teacher-es", "tutor"])
     shutil.rmtree(changed / "teacher")  # what teacher-es starts from is not there
     with pytest.raises(ValueError, match="--only: teacher, which a model asked for starts from, is not in"):
-        tv.verify(tw.QUICK, committed=changed, only=["teacher-es"])
+        tw.verify(tw.QUICK, committed=changed, only=["teacher-es"])
     assert trained == ["teacher-es", "teacher-es"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import distill.rollout.cache as cache_module
-import distill.rollout.strategies as strategies_module
+import distill.rollout.sampler as sampler_module
 from distill.rollout import RolloutCache, RolloutSampler, teacher_identity
 from distill.rollout.cache import row_key
 from distill.rollout.streams import SAMPLER_VERSION
@@ -163,7 +163,7 @@ def test_entries_of_the_old_sampler_are_not_served(tmp_path, student, teacher, p
     """Seeded tokens changed with the sampling scheme, so a cache filled by the old sampler (keys
     without a sampler version) must miss: plant such entries with marker tokens and sample."""
     seen = []
-    monkeypatch.setattr(strategies_module, "row_key", lambda *a: seen.append(a) or row_key(*a))
+    monkeypatch.setattr(sampler_module, "row_key", lambda *a: seen.append(a) or row_key(*a))
     sampler = RolloutSampler(1.0, "sequence", cache_dir=str(tmp_path / "new"), **SETTINGS)
     fresh = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
     assert len(seen) == 3
@@ -177,7 +177,7 @@ def test_entries_of_the_old_sampler_are_not_served(tmp_path, student, teacher, p
     assert calls[0] > 0 and batch.cached_teacher_rows == 0
     assert torch.equal(batch.input_ids, fresh.input_ids)
     # The same planted entries are served when the key scheme is the old one (the test has teeth).
-    monkeypatch.setattr(strategies_module, "row_key", version_1_key)
+    monkeypatch.setattr(sampler_module, "row_key", version_1_key)
     stale = sampler.sample(student, teacher, prompts.input_ids, prompts.attention_mask, seed=3)
     assert stale.cached_teacher_rows == 3 and stale.completion_ids() == [[7, 7, 7]] * 3
 

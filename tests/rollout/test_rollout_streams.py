@@ -8,7 +8,7 @@ import torch
 from distill.errors import Diverged
 from distill.rollout import RolloutSampler
 from distill.rollout.decoding import choose_tokens, filter_logits
-from distill.rollout.strategies import token_rule
+from distill.rollout.sampler import token_rule
 from distill.rollout.streams import PURPOSES, RowStreams, inverse_cdf, keyed_uniform, mix64, stream_key
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from distill.tasks import qa, qa_datasets, qa_records
+from distill.tasks import qa, qa_datasets
 from distill.tasks.registry import get_task
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qa"
@@ -119,11 +119,11 @@ URO = ["Deep transverse perineus", "Perineal membrane", "Colles fascia", "Sphinc
     ],
 )  # fmt: skip
 def test_gold_answers_as_medreason_writes_them(answer, options, expected):
-    assert qa_records.gold_index(answer, options) == expected
+    assert qa_datasets.gold_index(answer, options) == expected
 
 
 def test_option_lines_written_with_a_dot_and_a_colon():
-    assert qa_records.parse_options("Answer Choices:\nA.: 9\nB.: 11\nC.: 13") == ["9", "11", "13"]
+    assert qa_datasets.parse_options("Answer Choices:\nA.: 9\nB.: 11\nC.: 13") == ["9", "11", "13"]
 
 
 # What each fixture row's answer names (rows 0-9 write the option's text itself).
