@@ -24,6 +24,7 @@ model is loaded with one line naming the field, the value and what to do (`disti
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -59,7 +60,10 @@ from distill.loggers import (
     tensorboard_resume,
     tensorboard_summary,
 )
+from distill.models.tiny_world import world_of
 from distill.parallel import end_launched_ranks_on_failure
+from distill.rl import GRPOModule
+from distill.rl.objective import check_sampling
 from distill.run_record import AtomicCheckpointIO, RunRecord, read_checkpoint_record
 from distill.rundir import (
     LAST_CKPT,
@@ -75,7 +79,7 @@ from distill.rundir import (
     drop_checkpoints,
     finite_metrics,
 )
-from distill.runinfo import environment, model_record, write_json_atomic, write_text_atomic
+from distill.runinfo import environment, write_json_atomic, write_text_atomic
 
 # Checkpoints are written after the optimiser step on purpose (a resume continues from the state
 # the next step starts from, exactly); Lightning warns about that under manual optimisation.
@@ -187,6 +191,9 @@ class DistillCLI(LightningCLI):
                 continue_runs(trainer, run_dir)
 
     def _check_fit(self, config, run_dir: Path) -> None:
+        if _model_class(config) is not None and issubclass(_model_class(config), GRPOModule):
+            data = config.get("data") or {}
+            check_sampling(data.get("group_size"), data.get("temperature"))
         ckpt = Path(config.ckpt_path) if config.ckpt_path else None
         status = check_fit_target(run_dir, ckpt, config.overwrite)
         # Without a checkpoint, what an earlier fit wrote goes (an --overwrite, or the leftovers of
@@ -299,9 +306,9 @@ class DistillCLI(LightningCLI):
             self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
         except Diverged as err:
             metrics = self.record.metrics(self.trainer)
-            guard = getattr(self.model, "guard", None)
-            if guard is not None:  # the stopping step raised before it could be logged
-                metrics["train/nonfinite_steps"] = float(guard.skipped)
+            loop = getattr(self.model, "loop", None)
+            if loop is not None:  # the stopping step raised before it could be logged
+                metrics["train/nonfinite_steps"] = float(loop.guard.skipped)
             self._log_hparams(metrics)
             self._write_metrics(run_dir, metrics, status="diverged", reason=str(err))
             self._finish_loggers(metrics)
@@ -368,6 +375,16 @@ def _flatten(results: list[dict] | None) -> dict:
     return out
 
 
+def _model_class(config) -> type | None:
+    """The LightningModule class the parsed config names (jsonargparse has resolved it already)."""
+    path = str((config.get("model") or {}).get("class_path") or "")
+    module, _, name = path.rpartition(".")
+    if not module:
+        return None
+    found = getattr(importlib.import_module(module), name, None)
+    return found if isinstance(found, type) else None
+
+
 def run_lightning_cli(argv: list[str]) -> dict:
     command, args = argv[0], argv[1:]
     # `distill fit ARGS` hands ARGS to LightningCLI explicitly; its warning about sys.argv is moot.
@@ -395,3 +412,16 @@ def run_lightning_cli(argv: list[str]) -> dict:
             print(f"distill {command}: error: {instantiate_error_line(str(err))}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
+
+
+def model_record(module) -> dict:
+    """Each model a run loads (`student`, `teacher`, `reference`): its resolved path and, for a
+    tiny-world model, the world's version and the weights' fingerprint (`tiny_world.world_of`), so
+    that an archive says which world its runs used."""
+    out = {}
+    for role in ("student", "teacher", "reference"):
+        path = getattr(module, f"{role}_path", None)
+        if path and (role != "reference" or getattr(module, "use_reference", False)):
+            world = world_of(path)
+            out[role] = {"path": str(path), **({"tiny_world": world} if world else {})}
+    return out

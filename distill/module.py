@@ -5,13 +5,14 @@ optimiser step is one rollout batch, split into micro-batches whose losses are n
 completion tokens of the whole step (across ranks), so 8 x 1 and 1 x 8 give the same update. This
 is why optimisation is manual: Lightning's own accumulation divides each micro-batch's mean by the
 number of micro-batches, which mis-weights completions of different lengths (TRL issue #4719).
-The step's gradients themselves are computed in `distill.step`; this module wires them into Lightning.
+The micro-batch loop and the optimiser step are `distill.training.StepLoop`, which GRPO runs too.
 """
 
 from __future__ import annotations
 
-import math
 import time
+from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -19,11 +20,10 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from distill import step as distill_step
 from distill.checks import check_int, check_number
-from distill.losses import ForwardKL, TokenDivergence, global_sum
+from distill.losses import ForwardKL, TokenDivergence, global_sum, gradient_denominator, step_token_count
 from distill.models.compiled import compile_flags, compile_forwards
-from distill.models.forward import drop_from_state_dict, export_pretrained
+from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
     check_model_path,
@@ -33,16 +33,15 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.parallel import full_tensor, keep_out_of_ddp, shard_model
+from distill.parallel import keep_out_of_ddp, shard_model
 from distill.rollout.compiled import compile_decoding, eager_if_sharded
-from distill.step import StepMeans
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
-    GuardCheckpointing,
     LogitGradSink,
-    NonFiniteGuard,
+    LoopCheckpointing,
     StepCost,
+    StepLoop,
     StepResult,
     check_optimizer,
     completion_statistics,
@@ -58,7 +57,19 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-4)
 
 
-class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
+@dataclass
+class StepMeans:
+    """A distillation step's per-token means over its completion tokens (logged as `train/<name>`):
+    the optimised loss and, whatever is optimised, both exact KL directions and both entropies."""
+
+    loss: torch.Tensor
+    forward_kl: torch.Tensor
+    reverse_kl: torch.Tensor
+    student_entropy: torch.Tensor
+    teacher_entropy: torch.Tensor
+
+
+class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
     """Distil `teacher` into `student` with `divergence` on the rollouts the DataModule samples.
 
     Args:
@@ -124,10 +135,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
-        check_int("model.micro_batch_size", micro_batch_size, 1, optional=True)
-        check_number("model.gradient_clip_val", gradient_clip_val, 0, open_min=True, optional=True)
+        self.loop = StepLoop(micro_batch_size, gradient_clip_val, max_nonfinite_steps)
         check_int("model.log_text_every", log_text_every, 0)
-        self.guard = NonFiniteGuard(max_nonfinite_steps)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(teacher_dtype, "model.teacher_dtype")
@@ -190,35 +199,19 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
     def configure_optimizers(self):
         return student_optimizers(self.student, self.optimizer_factory, self.scheduler_factory)
 
-    def pair_logits(self, rollout, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-        """(student, teacher) logits over the same columns (`distill.step.pair_logits`)."""
-        return distill_step.pair_logits(self, rollout, rows)
-
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> dict:
-        """One optimiser step on one rollout batch; returns `StepResult(...).output()`, which
+        """One optimiser step on one rollout batch. Returns `StepResult(...).output()`, which
         measurement callbacks read in `on_train_batch_end` (`distill.training.step_result`)."""
-        rollout = batch["rollout"]
-        optimizer = self.optimizers()
-        means, num_items, timings = self.accumulate_gradients(rollout)
-        clip = self.hparams.gradient_clip_val
-        grad_norm = full_tensor(
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip if clip else math.inf)
-        )
-        t0 = time.perf_counter()
-        if self.guard.step_ok(means.loss, grad_norm, self._trainer):
-            optimizer.step()
-            scheduler = self.lr_schedulers()
-            if scheduler is not None:
-                scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        timings["student_forward_backward"] += time.perf_counter() - t0
-        self._log_step(batch, means, grad_norm, optimizer)
+        rollout = batch["rollout"]  # 1. sampled by the DataModule's student/teacher mixture
+        means, num_items, timings = self.accumulate_gradients(rollout)  # 2. logits, divergence, backward
+        grad_norm, step_s = self.loop.optimizer_step(self, means.loss)  # 3. clip, step, schedule
+        self._log_step(batch, means, grad_norm)  # 4. what the step measured
         real_tokens = int(rollout.attention_mask.sum())  # both models read every real token once
         cost = StepCost(
             student_train_tokens=real_tokens,
             teacher_forward_tokens=real_tokens,
-            student_forward_backward_s=timings["student_forward_backward"],
+            student_forward_backward_s=timings["student_forward_backward"] + step_s,
             teacher_forward_s=timings["teacher_forward"],
         )
         return StepResult(
@@ -226,12 +219,71 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         ).output()
 
     def accumulate_gradients(self, rollout) -> tuple[StepMeans, torch.Tensor, dict]:
-        """Backpropagate the divergence over `rollout` in micro-batches, normalised by the step's
-        completion tokens (`distill.step.accumulate_gradients`); returns the step's means, the
-        global token count and wall seconds per phase."""
-        return distill_step.accumulate_gradients(self, rollout)
+        """Backpropagate the divergence over `rollout` in micro-batches (`StepLoop.backward`), each
+        normalised by the completion tokens of the whole step (every rank's; under DDP/FSDP by
+        `gradient_denominator`, so the ranks' averaged gradient is the single-process one).
+        Returns the step's per-token means over every rank's tokens, the global token count and
+        wall seconds per phase."""
+        mask = rollout.completion_mask[:, 1:]  # aligned with the logits (position t predicts t+1)
+        teacher_written = rollout.teacher_token_mask[:, 1:]
+        tokens = rollout.input_ids[:, 1:]
+        num_items = step_token_count([mask])
+        denom = gradient_denominator(num_items)  # num_items / world size
+        keys = [f.name for f in fields(StepMeans)][1:]
+        sums = torch.zeros(len(keys) + 1, device=mask.device)
+        teacher_s = 0.0
 
-    def _log_step(self, batch: dict, means: StepMeans, grad_norm, optimizer) -> None:
+        def micro_batch_loss(rows: slice) -> torch.Tensor:
+            nonlocal sums, teacher_s
+            keep = self.logit_columns(rollout, rows)  # lean: the last K columns, masks cut alike
+            cols = slice(-keep if keep else None, None)
+            m = mask[rows, cols]
+            t0 = time.perf_counter()
+            teacher = self.teacher_logits(rollout, rows, keep)
+            teacher_s += time.perf_counter() - t0
+            student = self.student_logits(rollout, rows, keep)
+            if self.logit_grad_sink is not None:
+                hook = partial(self.logit_grad_sink.record, completion_mask=m, num_items=denom)
+                student.register_hook(partial(hook, teacher_token_mask=teacher_written[rows, cols]))
+            loss, stats = self.divergence(
+                student, teacher, m, tokens=tokens[rows, cols], num_items=denom, return_statistics=True
+            )
+            m = m.float()
+            sums += torch.stack([loss.detach() * denom] + [(stats[k] * m).sum() for k in keys])
+            return loss
+
+        total_s = self.loop.backward(self, rollout.input_ids.shape[0], micro_batch_loss)
+        timings = {"teacher_forward": teacher_s, "student_forward_backward": total_s - teacher_s}
+        return StepMeans(*(global_sum(sums) / num_items.clamp(min=1))), num_items, timings
+
+    def logit_columns(self, rollout, rows: slice = slice(None)) -> int | None:
+        """K, the last columns of the logits both models compute (`completion_width`: those that
+        predict completion tokens), or None for every position. Lean passes use K; so does a
+        teacher-only context whatever `lean_logits` says, since the teacher's positions line up
+        with the student's only from the right (its prompt has another width)."""
+        if self.hparams.lean_logits or rollout.teacher_input_ids is not None:
+            return completion_width(rollout.completion_mask[rows, 1:])
+        return None
+
+    def student_logits(self, rollout, rows: slice = slice(None), keep: int | None = None) -> torch.Tensor:
+        """The student's logits over `rollout`'s rows: the last `keep` positions (None: all)."""
+        ids, attn = rollout.input_ids[rows], rollout.attention_mask[rows]
+        return causal_logits(self.student, ids, attn, self.vocab_size, keep)
+
+    def teacher_logits(self, rollout, rows: slice = slice(None), keep: int | None = None) -> torch.Tensor:
+        """The teacher's, read from its own view (`RolloutBatch.teacher_inputs`: with a teacher-only
+        context another prompt before the same completion), under no_grad (not inference_mode:
+        they meet autograd)."""
+        ids, attn = rollout.teacher_inputs()
+        with torch.no_grad():
+            return causal_logits(self.teacher, ids[rows], attn[rows], self.vocab_size, keep)
+
+    def pair_logits(self, rollout, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """(student, teacher) logits over the same columns (`logit_columns`)."""
+        keep = self.logit_columns(rollout, rows)
+        return self.student_logits(rollout, rows, keep), self.teacher_logits(rollout, rows, keep)
+
+    def _log_step(self, batch: dict, means: StepMeans, grad_norm) -> None:
         rollout = batch["rollout"]
         for name, value in vars(means).items():
             self.log(f"train/{name}", value, prog_bar=name in ("loss", "forward_kl", "reverse_kl"))
@@ -244,8 +296,8 @@ class DistillationModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/completion_length", completion / max(rows, 1.0))
         self.log("train/truncated_share", truncated / max(rows, 1.0))  # rows cut at max_new_tokens
         self.log("train/grad_norm", grad_norm)
-        self.log("train/lr", optimizer.param_groups[0]["lr"])
-        self.log("train/nonfinite_steps", float(self.guard.skipped))
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self.log("train/nonfinite_steps", float(self.loop.guard.skipped))
         every = self.hparams.log_text_every
         if every and (self.global_step - 1) % every == 0:
             n = self.hparams.num_text_samples

@@ -1,5 +1,11 @@
 """What both LightningModules (distillation, GRPO) share about an optimiser step.
 
+`StepLoop` is the one implementation of the mechanics both trainers run: a rollout batch split
+into micro-batches whose backward passes accumulate (DDP all-reduces once, at the last), then one
+optimiser step: clip, skip a non-finite step (`NonFiniteGuard`), step the optimiser and the LR
+schedule, zero the gradients. Each trainer hands it the loss of one micro-batch; what the loss is
+(a divergence, GRPO's surrogate) stays in the trainer.
+
 `StepResult` is what a training step hands every measurement callback: the module returns
 `StepResult(...).output()` and a callback reads it back with `step_result(outputs)` in
 `on_train_batch_end`; its `StepCost` says what the batch cost beyond its rollout.
@@ -15,6 +21,8 @@ good weights. Under DDP the decision is taken on every rank together."""
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,12 +31,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 from torchmetrics import Metric
 
-from distill.checks import check_int
+from distill.checks import check_int, check_number
 from distill.errors import Diverged
 from distill.losses import token_statistics
 from distill.losses.functional import STATISTICS
 from distill.models.forward import causal_logits, completion_width, row_chunks
-from distill.parallel import gathered
+from distill.parallel import full_tensor, gathered, gradient_sync
 from distill.rollout import RolloutBatch
 from distill.tasks import qa
 from distill.tasks.registry import get_task
@@ -148,18 +156,78 @@ class NonFiniteGuard:
         self.skipped, self.in_a_row = int(state["skipped"]), int(state["in_a_row"])
 
 
-class GuardCheckpointing:
-    """Mixin (before `L.LightningModule`) for a module with a `NonFiniteGuard` in `self.guard`: its
+class StepLoop:
+    """Micro-batches, gradient accumulation and the optimiser step, as both trainers run them.
+
+    Args:
+        micro_batch_size: sequences per forward/backward pass (>= 1); None = the whole batch.
+        gradient_clip_val: clip the student's gradient norm to this value (> 0; None = no clipping).
+        max_nonfinite_steps: patience of the `NonFiniteGuard` (>= 1).
+        owner: the config group the settings belong to, named in their errors.
+    """
+
+    def __init__(
+        self,
+        micro_batch_size: int | None,
+        gradient_clip_val: float | None,
+        max_nonfinite_steps: int,
+        owner: str = "model",
+    ):
+        check_int(f"{owner}.micro_batch_size", micro_batch_size, 1, optional=True)
+        check_number(f"{owner}.gradient_clip_val", gradient_clip_val, 0, open_min=True, optional=True)
+        self.micro_batch_size = micro_batch_size
+        self.gradient_clip_val = gradient_clip_val
+        self.guard = NonFiniteGuard(max_nonfinite_steps, f"{owner}.max_nonfinite_steps")
+
+    def micro_batches(self, rows: int) -> list[slice]:
+        """The row slices of a batch of `rows` sequences, one per forward/backward pass."""
+        size = self.micro_batch_size or rows
+        return [slice(start, start + size) for start in range(0, rows, size)]
+
+    def backward(self, module, rows: int, loss_of: Callable[[slice], Tensor]) -> float:
+        """Backpropagate `loss_of(rows)` for each micro-batch; the gradients accumulate and, under
+        DDP, are all-reduced once, in the last backward. Each loss must already be normalised by
+        the whole step's tokens (`distill.losses.gradient_denominator`). Returns the wall seconds."""
+        backward = module.manual_backward if module._trainer is not None else Tensor.backward
+        parts = self.micro_batches(rows)
+        start = time.perf_counter()
+        for i, part in enumerate(parts):
+            loss = loss_of(part)
+            with gradient_sync(module, last=i == len(parts) - 1):
+                backward(loss)
+            del loss
+        return time.perf_counter() - start
+
+    def optimizer_step(self, module, loss: Tensor | float) -> tuple[Tensor, float]:
+        """Clip the student's gradients, step the optimiser and the LR schedule unless the loss or
+        the gradient norm is not finite (then the weights, the optimiser state and the schedule
+        stay as they were), and zero the gradients. Returns the gradient norm before clipping and
+        the wall seconds."""
+        start = time.perf_counter()
+        clip = self.gradient_clip_val
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(module.student.parameters(), clip or math.inf))
+        optimizer = module.optimizers()
+        if self.guard.step_ok(loss, grad_norm, module._trainer):
+            optimizer.step()
+            scheduler = module.lr_schedulers()
+            if scheduler is not None:
+                scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm, time.perf_counter() - start
+
+
+class LoopCheckpointing:
+    """Mixin (before `L.LightningModule`) for a module whose `StepLoop` is `self.loop`: its guard's
     counts travel in every checkpoint, so a resumed run keeps counting where it stood."""
 
-    guard: NonFiniteGuard
+    loop: StepLoop
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["nonfinite_guard"] = self.guard.state_dict()
+        checkpoint["nonfinite_guard"] = self.loop.guard.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "nonfinite_guard" in checkpoint:
-            self.guard.load_state_dict(checkpoint["nonfinite_guard"])
+            self.loop.guard.load_state_dict(checkpoint["nonfinite_guard"])
 
 
 class RatioOfSums(Metric):

@@ -5,7 +5,8 @@ The DataModule owns rollout sampling: its dataloaders yield tokenised prompt bat
 `RolloutBatch` written by the student/teacher mixture (training) or by the student alone, greedily
 (validation and test). Each batch seen by the LightningModule is a dict
 ``{"rollout": RolloutBatch, "rows": [task rows], "task": name}``; training batches also carry
-``"group_size"`` (consecutive rows that share a prompt, `data.group_size`).
+``"group_size"`` (consecutive rows that share a prompt, `data.group_size`) and ``"temperature"``
+(the sampling temperature that wrote them, which GRPO's probability ratios need).
 
 Under data parallelism each rank draws its own shard of prompts: training batches from
 `order.ResumableShuffle` (the ranks' k-th batches together are the single-process k-th batch of
@@ -316,6 +317,7 @@ class RolloutDataModule(L.LightningDataModule):
                 "rows": reuse["rows"],
                 "task": self.task.name,
                 "group_size": self.hparams.group_size,
+                "temperature": self.sampler.temperature,
             }
             self._reuse = (reuse["step"], out)
 
@@ -349,7 +351,13 @@ class RolloutDataModule(L.LightningDataModule):
                 seed=self._rollout_seed(trainer.current_epoch),
                 **self._teacher_prompt(batch),
             )
-            out = {"rollout": rollout, "rows": batch["rows"], "task": self.task.name, "group_size": g}
+            out = {
+                "rollout": rollout,
+                "rows": batch["rows"],
+                "task": self.task.name,
+                "group_size": g,
+                "temperature": self.sampler.temperature,
+            }
             self._reuse = (step, out) if self.hparams.refresh_every > 1 else None
             return {**out, "reused": False}
         task = (self.test_tasks if trainer.testing else self.val_tasks)[dataloader_idx]

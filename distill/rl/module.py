@@ -25,8 +25,8 @@ callback must then skip teacher-side measurements). `reference` is the frozen st
 
 from __future__ import annotations
 
-import math
 import time
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -34,8 +34,9 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from distill.checks import check_choice, check_int, check_number
+from distill.losses import gradient_denominator, step_token_count
 from distill.models.compiled import compile_flags, compile_forwards
-from distill.models.forward import drop_from_state_dict, export_pretrained
+from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
     check_attn_implementation,
     check_model_path,
@@ -46,16 +47,24 @@ from distill.models.loading import (
     vocab_size,
 )
 from distill.names import KL_ESTIMATORS
-from distill.parallel import full_tensor, keep_out_of_ddp, shard_model
-from distill.rl import passes as grpo_passes
-from distill.rl.objective import GRPOBatch, check_sampling, reward_moments
+from distill.parallel import keep_out_of_ddp, shard_model
+from distill.rl.logprobs import token_logprobs_and_kl
+from distill.rl.objective import (
+    GRPOBatch,
+    check_sampling,
+    clipped_surrogate,
+    group_advantages,
+    kl_penalty,
+    reward_moments,
+)
 from distill.rollout.compiled import compile_decoding, eager_if_sharded
+from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
-    GuardCheckpointing,
     LogitGradSink,
-    NonFiniteGuard,
+    LoopCheckpointing,
     StepCost,
+    StepLoop,
     StepResult,
     check_optimizer,
     completion_statistics,
@@ -68,7 +77,7 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-6)
 
 
-class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
+class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
     """Group Relative Policy Optimisation of `student` on the verifier rewards of `data.task`.
 
     Args:
@@ -145,10 +154,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         check_number("model.kl_coef", kl_coef, 0)
         check_choice("model.kl_estimator", kl_estimator, KL_ESTIMATORS)
         check_number("model.advantage_epsilon", advantage_epsilon, 0)
-        check_int("model.micro_batch_size", micro_batch_size, 1, optional=True)
-        check_number("model.gradient_clip_val", gradient_clip_val, 0, open_min=True, optional=True)
         check_int("model.log_text_every", log_text_every, 0)
-        self.guard = NonFiniteGuard(max_nonfinite_steps)
+        self.loop = StepLoop(micro_batch_size, gradient_clip_val, max_nonfinite_steps)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         if reference_dtype is not None:
@@ -174,7 +181,6 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.teacher = None  # GRPO has no teacher; measurement callbacks must tolerate None
         # Set by GradientStats: receives dL/dz of the logits.
         self.logit_grad_sink: LogitGradSink | None = None
-        self.temperature = 1.0  # the sampling temperature, read from the DataModule at fit start
         self._register_state_dict_hook(drop_from_state_dict("reference"))
 
     # --- models -----------------------------------------------------------------------------------
@@ -204,13 +210,6 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
                 compile_forwards(model)
         keep_out_of_ddp(self, "reference")  # not in DDP's start-up broadcast
 
-    def on_fit_start(self) -> None:
-        data = self.trainer.datamodule
-        sampler = getattr(data, "sampler", None)
-        temperature = None if sampler is None else sampler.temperature
-        check_sampling(getattr(getattr(data, "hparams", None), "group_size", None), temperature)
-        self.temperature = self.temperature if temperature is None else temperature
-
     def on_train_start(self) -> None:
         if self.reference is not None:
             self.reference.eval()  # the Trainer restores submodule modes (Lightning >= 2.2)
@@ -223,51 +222,21 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         return student_optimizers(self.student, self.optimizer_factory, self.scheduler_factory)
 
     # --- training ---------------------------------------------------------------------------------
-    def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
-        """Verifier score of each completion (`[B]` float32) and the completions' texts."""
-        return grpo_passes.verifier_rewards(self, batch)
-
-    def prepare(self, batch: dict) -> GRPOBatch:
-        """Rewards, advantages and masks of a rollout batch (`distill.rl.passes.prepare`)."""
-        return grpo_passes.prepare(self, batch)
-
-    def accumulate_gradients(self, step: GRPOBatch, first: bool) -> dict[str, float]:
-        """One pass of backward over `step` in micro-batches (`distill.rl.passes`)."""
-        return grpo_passes.accumulate_gradients(self, step, first)
-
-    def optimizer_steps_per_batch(self) -> int:
-        """Optimiser steps the coming batch takes: `num_iterations`, cut so that the run never steps
-        past `max_steps` (which counts optimiser steps). Measurement intervals read it too."""
-        passes = self.hparams.num_iterations
-        if self.trainer.max_steps > 0:
-            passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
-        return passes
-
     def training_step(self, batch: dict, batch_idx: int) -> dict:
         """`num_iterations` optimiser steps on one rollout batch; returns `StepResult(...).output()`
         (the mean loss over passes, the last pass's gradient norm, the policy's and the reference's
         tokens and seconds)."""
-        step = self.prepare(batch)
+        step = self.prepare(batch)  # 1. the rollout's rewards and group advantages
         passes = self.optimizer_steps_per_batch()
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         totals: dict[str, float] = {}
         first_pass: dict[str, float] = {}
         grad_norm, step_s = torch.zeros(()), 0.0  # step_s: clipping and optimiser steps
         for p in range(passes):
-            sums = self.accumulate_gradients(step, first=p == 0)
+            sums = self.accumulate_gradients(step, first=p == 0)  # 2. log-probs, surrogate, backward
+            grad_norm, seconds = self.loop.optimizer_step(self, sums["loss"])  # 3. clip, step, schedule
             first_pass = first_pass or sums
             totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
-            t0 = time.perf_counter()
-            clip = self.hparams.gradient_clip_val
-            grad_norm = full_tensor(
-                torch.nn.utils.clip_grad_norm_(self.student.parameters(), clip or math.inf)
-            )
-            if self.guard.step_ok(sums["loss"], grad_norm, self._trainer):
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step_s += time.perf_counter() - t0
+            step_s += seconds
         tokens = float(step.num_items.clamp(min=1))
         logged = {
             "loss": totals["loss"] / passes,
@@ -276,7 +245,7 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             "kl_to_start": first_pass["kl_to_start"] / tokens,
             "kl_penalty": first_pass["kl_penalty"] / tokens,
         }
-        self._log_step(step, logged, passes, grad_norm, optimizer)
+        self._log_step(step, logged, passes, grad_norm)  # 4. what the step measured
         real_tokens = int(step.rollout.attention_mask.sum())
         # The policy reads every real token once per pass; the reference once per batch.
         cost = StepCost(
@@ -294,7 +263,98 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
             bool(batch.get("reused", False)),
         ).output()
 
-    def _log_step(self, step: GRPOBatch, logged: dict, passes: int, grad_norm, optimizer) -> None:
+    def rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
+        """Verifier score of each completion (`[B]` float32) and the completions' texts. A subclass
+        may score otherwise (tests fix rewards); training and evaluation both call this."""
+        task = get_task(batch["task"])
+        texts = batch["rollout"].completions(self.tokenizer)
+        scores = [task.score(text, row) for text, row in zip(texts, batch["rows"])]
+        return torch.tensor(scores, dtype=torch.float32, device=batch["rollout"].input_ids.device), texts
+
+    def prepare(self, batch: dict) -> GRPOBatch:
+        """Rewards, advantages and masks of a training batch (log-prob buffers still empty). The
+        batch names its group size and its sampling temperature (`RolloutDataModule` puts both in)."""
+        group_size, temperature = int(batch["group_size"]), float(batch["temperature"])
+        check_sampling(group_size, temperature)
+        rollout = batch["rollout"]
+        rewards, texts = self.rewards(batch)
+        hp = self.hparams
+        advantages, zero_signal = group_advantages(
+            rewards, group_size, hp.scale_rewards, hp.advantage_epsilon
+        )
+        mask = rollout.completion_mask[:, 1:]
+        return GRPOBatch(
+            rollout=rollout,
+            rewards=rewards,
+            texts=texts,
+            advantages=advantages,
+            zero_signal=zero_signal,
+            mask=mask,
+            num_items=step_token_count([mask]),
+            old_logp=torch.zeros(mask.shape, device=mask.device),
+            ref_logp=torch.zeros(mask.shape, device=mask.device),
+            temperature=temperature,
+        )
+
+    def accumulate_gradients(self, step: GRPOBatch, first: bool) -> dict[str, float]:
+        """One pass of backward over `step` in micro-batches (`StepLoop.backward`), each token's loss
+        divided by the completion tokens of the whole step (micro-batches and ranks included). The
+        first pass (`first`) runs with the sampling policy's parameters, before any optimiser step:
+        it stores its detached log-probs as the old log-probs of later passes (saving a no-grad
+        forward) and the reference's log-probs. Returns token sums (`loss`: the pass's loss,
+        already normalised) and wall seconds per phase."""
+        ids, attn = step.rollout.input_ids, step.rollout.attention_mask
+        tokens, mask, temperature = ids[:, 1:], step.mask, step.temperature
+        denom = gradient_denominator(step.num_items.clamp(min=1))  # num_items / world size
+        hp = self.hparams
+        sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s"), 0.0)
+
+        def micro_batch_loss(batch_rows: slice) -> torch.Tensor:
+            keep = completion_width(mask[batch_rows]) if hp.lean_logits else None  # the last K columns
+            rows = (batch_rows, slice(-keep if keep else None, None))
+            m, ref_logits = mask[rows].float(), None
+            t0 = time.perf_counter()
+            if first and self.reference is not None:
+                with torch.no_grad():
+                    ref_logits = causal_logits(
+                        self.reference, ids[batch_rows], attn[batch_rows], self.vocab_size, keep
+                    )
+                    step.ref_logp[rows] = token_logprobs_and_kl(ref_logits, tokens[rows], temperature)[0]
+            sums["reference_s"] += time.perf_counter() - t0
+            logits = causal_logits(self.student, ids[batch_rows], attn[batch_rows], self.vocab_size, keep)
+            if self.logit_grad_sink is not None:
+                record = partial(self.logit_grad_sink.record, completion_mask=mask[rows], num_items=denom)
+                logits.register_hook(partial(record, teacher_token_mask=torch.zeros_like(mask[rows])))
+            # The first pass's KL to the reference comes from the log-probs' own softmaxes.
+            logp, kl_to_start = token_logprobs_and_kl(logits, tokens[rows], temperature, ref_logits)
+            if first:
+                step.old_logp[rows] = logp.detach()
+                if kl_to_start is not None:
+                    sums["kl_to_start"] += float((kl_to_start * m).sum())
+            per_token, cut = clipped_surrogate(
+                logp, step.old_logp[rows], step.advantages[batch_rows], self.clip_low, self.clip_high
+            )
+            if hp.kl_coef > 0:
+                kl = kl_penalty(logp, step.ref_logp[rows], hp.kl_estimator)
+                per_token = per_token + hp.kl_coef * kl
+                sums["kl_penalty"] += float((kl.detach() * m).sum())
+            loss = (per_token * m).sum() / denom
+            sums["loss"] += float(loss.detach())
+            sums["clipped"] += float((cut.float() * m).sum())
+            return loss
+
+        total_s = self.loop.backward(self, ids.shape[0], micro_batch_loss)
+        return {**sums, "policy_s": total_s - sums["reference_s"]}
+
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimiser steps the coming batch takes: `num_iterations`, cut so that the run never steps
+        past `max_steps` (which counts optimiser steps). Measurement intervals read it too."""
+        passes = self.hparams.num_iterations
+        if self.trainer.max_steps > 0:
+            passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
+        return passes
+
+    def _log_step(self, step: GRPOBatch, logged: dict, passes: int, grad_norm) -> None:
         # Over every rank: ranks hold equal rows and groups (a mean of rank means is the global one);
         # `logged` holds local token sums / global tokens, which add up (the loss averages, see denom).
         n, (reward_mean, reward_std) = len(step.rewards), reward_moments(step.rewards)
@@ -312,8 +372,8 @@ class GRPOModule(GuardCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/completion_length", step.rollout.completion_mask.sum(-1).float().mean(), **mean)
         self.log("train/truncated_share", step.rollout.truncated_rows / n, **mean)  # cut at max_new_tokens
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
-        self.log("train/lr", optimizer.param_groups[0]["lr"], batch_size=n)
-        self.log("train/nonfinite_steps", float(self.guard.skipped), batch_size=n)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
+        self.log("train/nonfinite_steps", float(self.loop.guard.skipped), batch_size=n)
         every = self.hparams.log_text_every
         batch_index = (self.global_step - passes) // self.hparams.num_iterations  # rollout batches so far
         if every and batch_index % every == 0:

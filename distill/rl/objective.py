@@ -131,6 +131,7 @@ class GRPOBatch:
     num_items: torch.Tensor
     old_logp: torch.Tensor
     ref_logp: torch.Tensor
+    temperature: float = 1.0  # the sampling temperature the ratios' log-probs are taken at
 
 
 def reward_moments(rewards: Tensor) -> tuple[float, float]:

@@ -74,7 +74,7 @@ FLAG_CASES = [
         ["--model.init_args.micro_batch_size", "0"],
         "model.micro_batch_size must be None or an integer >= 1, got 0",
     ),
-    # issue 32, item 7: a class path that does not import, a value Lightning's Trainer refuses
+    # a class path that does not import, a value Lightning's Trainer refuses
     (
         "divergence_class_path",
         ["--model.init_args.divergence.class_path", "distill.losses.NoSuchKL"],
@@ -136,6 +136,24 @@ def test_bad_flag_fails_in_one_line_before_any_model_or_run_dir(
     for part in message:
         assert part in line[at:], line
         at = line.index(part, at) + len(part)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--data.group_size", "1"], "data.group_size must be >= 2 for GRPO"),
+        (["--data.temperature", "0"], "data.temperature must be > 0 for GRPO"),
+    ],
+    ids=["group_size", "greedy"],
+)
+def test_grpo_sampling_that_gives_no_signal_fails_before_any_model(
+    extra, message, tiny_world_cache, tmp_path, capsys, monkeypatch, no_model_loads
+):
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    line = _refused(["--config", "configs/tiny/grpo_countdown.yaml", *extra, "--run_dir", str(run)], capsys)
+    assert message in line, line
     assert not run.exists()
 
 

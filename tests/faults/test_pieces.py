@@ -131,7 +131,7 @@ def test_a_skipped_step_leaves_weights_and_optimiser_untouched(quick_world):
     with torch.no_grad():
         module.student.get_output_embeddings().weight[0, 0] = math.nan  # NaN logits -> NaN loss
     module.training_step({"rollout": rollout}, 1)
-    assert module.guard.skipped == 1
+    assert module.loop.guard.skipped == 1
     for name, p in module.student.named_parameters():
         expected = before[name].clone()
         if p is module.student.get_output_embeddings().weight:

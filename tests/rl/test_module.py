@@ -132,26 +132,28 @@ def test_zero_advantages_and_no_penalty_give_no_gradient(rollouts, policy_dir):
         ({"group_size": 4, "temperature": 0.0}, "data.temperature must be > 0 for GRPO"),
     ],
 )
-def test_fit_start_checks_the_data_settings(policy_dir, options, match):
-    from types import SimpleNamespace
-
-    from distill.data import RolloutDataModule
-
-    module = GRPOModule(student=policy_dir)
-    module._trainer = SimpleNamespace(datamodule=RolloutDataModule(**options))
+def test_a_batch_of_unusable_sampling_is_refused(rollouts, policy_dir, options, match):
+    module = _module(policy_dir)
+    batch = rollouts.batch(rollouts.data(policy_dir, **options), module)
     with pytest.raises(ValueError, match=match):
-        module.on_fit_start()
+        module.prepare(batch)
 
 
-def test_ratios_use_the_sampling_temperature(policy_dir):
-    from types import SimpleNamespace
-
-    from distill.data import RolloutDataModule
-
-    module = GRPOModule(student=policy_dir)
-    module._trainer = SimpleNamespace(datamodule=RolloutDataModule(group_size=2, temperature=0.7))
-    module.on_fit_start()
-    assert module.temperature == 0.7
+def test_ratios_use_the_temperature_the_batch_was_sampled_at(rollouts, policy_dir):
+    module = _module(policy_dir)
+    batch = rollouts.batch(rollouts.data(policy_dir, group_size=2, temperature=0.7), module)
+    assert batch["temperature"] == 0.7
+    step = module.prepare(batch)
+    module.accumulate_gradients(step, first=True)
+    ids, attn = step.rollout.input_ids, step.rollout.attention_mask
+    with torch.no_grad():
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = module.student(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits
+        want = torch.log_softmax(logits[:, :-1, : module.vocab_size] / 0.7, -1).gather(-1, ids[:, 1:, None])[
+            ..., 0
+        ]
+    mask = step.mask.bool()
+    torch.testing.assert_close(step.old_logp[mask], want[mask], atol=1e-5, rtol=1e-4)
 
 
 class FirstKL(__import__("lightning").Callback):
