@@ -41,7 +41,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from distill.errors import ConfigError
-from distill.experiments.axes import knobs_of
+from distill.names import knobs_of
 from distill.runinfo import write_atomic, write_json_atomic
 
 RECORD = "loggers.json"

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from distill.checks import is_int, is_number
 from distill.experiments.schema import SpecError, SpecFields, field_error
-from distill.names import DIVERGENCE_CLASSES as DIVERGENCES
-from distill.names import ESTIMATORS, GRANULARITIES
+from distill.names import PATH_TO_SHORTHAND, SHORTHANDS
 
 ROOTS = ("trainer", "model", "data")
 MODEL_INIT_ARGS = "model.init_args."
@@ -25,57 +22,6 @@ RESERVED_PATHS = ("run_dir", "ckpt_path")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,@-]")
 MAX_NAME = 200
-
-
-@dataclass(frozen=True)
-class Shorthand:
-    """An axis name for the config path `path`; `kind` says what its values are (`check_value`):
-    'choice' (one of `choices`), 'text' (a non-empty string), 'count' (an integer >= 0),
-    'fraction' (a number in [0, 1]) or 'positive' (a number > 0); `null`: None too.
-    `to_config`: the value written into the config."""
-
-    path: str
-    kind: str
-    choices: tuple[str, ...] = ()
-    null: bool = False
-    to_config: Callable[[Any], Any] = lambda value: value
-
-
-SHORTHANDS: dict[str, Shorthand] = {
-    "mix": Shorthand("data.mix", "fraction"),
-    "granularity": Shorthand("data.granularity", "choice", GRANULARITIES),
-    "task": Shorthand("data.task", "text"),
-    "lr": Shorthand("model.optimizer.init_args.lr", "positive"),
-    "seed": Shorthand("seed_everything", "count"),
-    "estimator": Shorthand("model.divergence.init_args.estimator", "choice", ESTIMATORS),
-    "gradient_clip": Shorthand("model.gradient_clip_val", "positive", null=True),
-    "divergence": Shorthand(
-        "model.divergence.class_path", "choice", tuple(DIVERGENCES), to_config=DIVERGENCES.get
-    ),
-}
-PATH_TO_SHORTHAND = {s.path: name for name, s in SHORTHANDS.items()}
-
-
-def knobs_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The shorthand knobs a resolved fit config (as `config.yaml` holds it) sets, by shorthand
-    name, e.g. ``{"mix": 0.5, "divergence": "reverse_kl", "lr": 0.001, "seed": 0, ...}``; a knob the
-    config lacks (a GRPO run has no divergence) is left out. `distill fit` logs them to
-    TensorBoard's HParams dashboard, under the names the sweeps and the report use."""
-    class_paths = {path: name for name, path in DIVERGENCES.items()}
-    knobs = {}
-    for name, short in SHORTHANDS.items():
-        parts = short.path.split(".")
-        if parts[0] == "model":  # the model is a class_path entry: its options are init_args
-            parts = ["model", "init_args", *parts[1:]]
-        node: Any = config
-        for part in parts:
-            if not isinstance(node, dict) or part not in node:
-                break
-            node = node[part]
-        else:  # the path is set; None counts only for knobs that may be null
-            if node is not None or short.null:
-                knobs[name] = class_paths.get(node, node) if name == "divergence" else node
-    return knobs
 
 
 def check_value(axis: str, name: str, value: Any) -> None:

@@ -21,10 +21,12 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.axes import DIVERGENCES, PATH_TO_SHORTHAND, canonical_axis, format_value
+from distill.experiments.axes import canonical_axis, format_value
 from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
 from distill.experiments.schema import SpecError
 from distill.experiments.sweep_record import read_sweep_record
+from distill.names import DIVERGENCE_CLASSES as DIVERGENCES
+from distill.names import PATH_TO_SHORTHAND
 from distill.rundir import METRICS, flatten, read_metrics
 from distill.tasks import qa_datasets
 

@@ -100,8 +100,6 @@ from pathlib import Path
 from typing import Any
 
 from distill.experiments.axes import (
-    DIVERGENCES,
-    SHORTHANDS,
     check_axes_vs_overrides,
     config_path,
     config_value,
@@ -121,6 +119,8 @@ from distill.experiments.schema import (
     parse_fields,
     read_spec_file,
 )
+from distill.names import DIVERGENCE_CLASSES as DIVERGENCES
+from distill.names import SHORTHANDS
 
 __all__ = [  # with the names of `axes` and `schema` that users of this module need
     "DIVERGENCES",

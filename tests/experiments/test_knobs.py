@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from distill.experiments.axes import SHORTHANDS, knobs_of
+from distill.names import SHORTHANDS, knobs_of
 
 
 def _config(**model_args):
