@@ -170,7 +170,7 @@ def main() -> None:
     for r in range(args.rounds + 1):
         for name in variants:
             result = run_variant(name, student, teacher, enc, args.new_tokens, seed=r, compiled=compiled)
-            if r > 0:  # round 0 warms up
+            if r > 0:  # the first repetition warms up
                 runs[name].append(result)
     tps = {v: statistics.median(x["tokens"] / x["seconds"] for x in rs) for v, rs in runs.items()}
     ms = {v: statistics.median(1e3 * x["seconds"] / x["steps"] for x in rs) for v, rs in runs.items()}

@@ -1,4 +1,4 @@
-"""A study run on tiny world v3 against the same run on v2, side by side (issue 29, item 7: a v3
+"""A study run on tiny world v3 against the same run on v2, side by side (: a v3
 run may take at most 1.5x the wall time of the same v2 run).
 
 Run:  .venv/bin/python benchmarks/worlds.py                 # 2 rounds of 300 steps (~15-20 minutes)

@@ -1,5 +1,5 @@
-"""One line for a config that jsonargparse, a constructor or Lightning's Trainer refuses (issue 32,
-item 7): the field, the value, what is allowed.
+"""One line for a config that jsonargparse, a constructor or Lightning's Trainer refuses:
+the field, the value, what is allowed.
 
 jsonargparse reports a bad value as an indented tree (every member of a union, every key of a
 nested class) after printing the whole usage text; a class path that does not import ends there

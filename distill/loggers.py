@@ -1,4 +1,4 @@
-"""Further Lightning loggers beside the run's TensorBoard (issue 32, item 3).
+"""Further Lightning loggers beside the run's TensorBoard.
 
 `trainer.logger` takes one logger or a list (`class_path`/`init_args`, as Lightning's CLI does);
 `distill fit` puts them after its own `TensorBoardLogger` (`trainer.loggers[0]`, in

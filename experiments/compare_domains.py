@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python experiments/compare_domains.py   # reads experiments/results/{tiny_grid,tiny_sci}
 
-`tiny_sci` (issue 13) distils `teacher-sci` into `student-sci` on the tiny world's knowledge domain
+`tiny_sci` distils `teacher-sci` into `student-sci` on the tiny world's knowledge domain
 (facts about made-up creatures, asked as multiple choice); `tiny_grid` distils `teacher` into
 `student` on Countdown (a search skill). The knowledge grid ran a subset of the Countdown grid's
 knob values (mix {0, 0.5, 1}, lr {3e-4, 1e-3}, both directions, seeds 0 and 1), so the Countdown

@@ -1,4 +1,4 @@
-"""One rank fails, the other is busy: every process must end soon after (issue 31, item 6).
+"""One rank fails, the other is busy: every process must end soon after.
 
     python tests/ddp_failure.py OUT FAIL_RANK
 

@@ -1,4 +1,4 @@
-"""The measurement callbacks' figures on 1 process or on N `gloo` ranks (issue 31, item 6).
+"""The measurement callbacks' figures on 1 process or on N `gloo` ranks.
 
     python tests/ddp_measure.py OUT RANK WORLD_SIZE PORT
 

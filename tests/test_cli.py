@@ -53,7 +53,7 @@ def test_every_config_parses(config, capsys, monkeypatch):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["class_path"].startswith("distill.")
     assert printed["model"]["init_args"]["student"]
-    # As shipped, every model compiles (issue 32: eager configs gave no speed advantage).
+    # As shipped, every model compiles (: eager configs gave no speed advantage).
     assert printed["model"]["init_args"]["compile_decoding"] is True
     assert printed["model"]["init_args"]["compile_forwards"] is True
 

@@ -1,5 +1,5 @@
 """Bad input to `distill fit` ends in one line naming the field, the value and what is allowed
-(distill.config_errors; issue 32, item 7). More cases, each before any model or run directory, are
+(distill.config_errors). More cases, each before any model or run directory, are
 in tests/faults/test_bad_input.py."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ BASE = ["fit", "--config", "configs/tiny/base.yaml"]
     ],
     ids=["divergence_class_path", "max_steps"],
 )
-def test_the_issues_two_commands_print_one_line(extra, expected, quick_world, tmp_path):
+def test_two_refused_commands_print_one_line(extra, expected, quick_world, tmp_path):
     """As a user runs them (a subprocess): stderr is the one line, stdout is empty, exit code 2."""
     done = subprocess.run(
         [sys.executable, "-m", "distill.cli", *BASE, *extra, "--run_dir", str(tmp_path / "run")],

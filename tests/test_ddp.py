@@ -252,7 +252,7 @@ def test_shard_model_refuses_tensor_parallelism_and_models_without_blocks():
     assert shard_model(plain, None, "model.student") is plain  # outside ModelParallelStrategy
 
 
-# --- issue 31, item 6: what a first multi-GPU run would hit -------------------------------------
+# --- what a first multi-GPU run would hit ------------------------------------------------------
 def _free_port() -> int:
     import socket
 

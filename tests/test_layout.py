@@ -5,6 +5,7 @@ code imports neither torch nor Lightning, so `distill sweep` and `distill report
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,43 @@ def test_sweep_and_report_code_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", f"importing {modules} loads {out.stdout.strip()}"
+
+
+# A reference to another project's tracker names the project ("TRL issue #4719"); ours stay in the
+# LOG and the commit messages. Claims files are declarations, frozen at the commit that made them.
+_UPSTREAM = ("TRL", "Lightning", "PyTorch", "vLLM", "transformers", "jsonargparse")
+_HISTORY = re.compile(
+    r"(?<!\w)(?:(?P<who>\w+) )?(?:issue|session|stop|round) #?\d+\b"
+    r"|\b(?:\w+teenth|twelfth|eleventh|tenth|ninth|eighth|seventh|sixth|fifth|fourth|third|second|first)"
+    r" sessions?\b",
+    re.IGNORECASE,
+)
+_CODE = ("distill", "tests", "benchmarks", "experiments")
+
+
+def history_lines(text: str) -> list[str]:
+    """The lines of `text` that narrate the project's history (our issue, session or stop numbers)."""
+    found = []
+    for line in text.splitlines():
+        for match in _HISTORY.finditer(line):
+            if match.group("who") not in _UPSTREAM:
+                found.append(line.strip())
+                break
+    return found
+
+
+def test_no_code_narrates_history():
+    paths = [
+        p
+        for top in _CODE
+        for p in sorted((ROOT / top).rglob("*"))
+        if p.suffix in {".py", ".yaml", ".sh"} and "claims" not in p.parts and p != Path(__file__)
+    ]
+    found = {str(p.relative_to(ROOT)): lines for p in paths if (lines := history_lines(p.read_text()))}
+    assert not found, f"history in code (it belongs in experiments/LOG.md or a commit message): {found}"
+
+
+def test_the_history_check_sees_what_it_should():
+    assert history_lines("x = 1  # issue 31, item 6: why\n# the fourteenth session's probe\nok")
+    assert len(history_lines("a (Issue #12)\nb stop 42\nc\n")) == 2
+    assert not history_lines("per micro-batch mean (TRL issue #4719)\n# 2 rounds of 3 steps\n")

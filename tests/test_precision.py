@@ -1,4 +1,4 @@
-"""Rollouts, evaluation and the callbacks run under the step's precision (issue 31, item 2):
+"""Rollouts, evaluation and the callbacks run under the step's precision:
 Lightning autocasts only inside `*_step`, so without `distill.precision.step_precision` a float32
 student would sample in float32 while it is trained as the bf16-autocast policy."""
 

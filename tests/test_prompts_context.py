@@ -1,5 +1,5 @@
 """A teacher-only context with real chat templates' system-prompt habits: the teacher's prompt is
-the student's with the context inserted, and nothing else changed (issue 31, item 5).
+the student's with the context inserted, and nothing else changed.
 
 The templates are minimal copies of the real ones' system handling: Qwen2.5 writes its default
 system prompt when the messages have none (and drops it when they have one); Llama 3.1 always

@@ -22,7 +22,7 @@ from distill.tasks.text_datasets import TextSet, is_text_spec, load_text_set
 
 ROWS_SEED = 7919  # retention rows: fixed, so every run and every step scores the same examples
 # Float32 logits per LM-head chunk of the text NLL (~260 positions at 128k vocabularies): full
-# [B, T, V] logits of 32 texts would take ~16 MB per padded column (issue 31).
+# [B, T, V] logits of 32 texts would take ~16 MB per padded column.
 NLL_LOGIT_BUDGET_MB = 128.0
 
 

@@ -10,7 +10,7 @@ With a chat template it is added to the system message the student's prompt has,
 the only difference between the two prompts: after a blank line, to the row's own system message,
 else to the template's default one (Qwen2.5's "You are Qwen, created by Alibaba Cloud. You are a
 helpful assistant.", which a system message of its own would otherwise replace: the teacher would
-differ from the student in two ways, not one; issue 31). A template that writes a system block
+differ from the student in two ways, not one). A template that writes a system block
 without a default text (Llama 3.x: its "Cutting Knowledge Date" lines) gets the context in that
 block; one that writes none gets a system message holding the context. The default is found by
 rendering the row with and without a probe system message (`template_default_system`).

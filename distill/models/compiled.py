@@ -12,7 +12,7 @@ dynamic=True, fullgraph=True)` instead of the eager forward. On CPU a small mode
 mostly many small kernels (norms, rotary embeddings, activations) around a few matmuls; inductor
 fuses them, and AOTAutograd compiles the backward too. Measured on the tiny world (one thread, B = 32,
 50–71 tokens, CPU time with other work on the machine): the student's forward + backward 0.67x the
-eager time, the teacher's no-grad forward 0.79x (`experiments/LOG.md`, 2026-12-02, eighth session;
+eager time, the teacher's no-grad forward 0.79x (`experiments/LOG.md`, 2026-12-02;
 `benchmarks/RESULTS.md` has the step on two threads).
 
 Shapes: sequence length, rows and `logits_to_keep` change every step, so the graph is compiled

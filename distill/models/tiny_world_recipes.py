@@ -154,7 +154,7 @@ V2 = Recipe(
     ),
 )  # fmt: skip
 
-# v1, the first build (issue 2): a teacher that only ever wrote the Spanish style.
+# v1, the first build: a teacher that only ever wrote the Spanish style.
 V1 = Recipe(
     models=(
         ("teacher", ModelRecipe(layers=3, hidden=192, heads=4, vocab_rows=128, steps=3000, lr=2e-3, batch_size=32, style="teacher")),
@@ -198,11 +198,11 @@ QUICK = Recipe(
     nll_prompts=8,
 )  # fmt: skip
 
-# v3 (issue 29): a teacher competent where the paper's claims live. The study's training pool stays
+# v3: a teacher competent where the paper's claims live. The study's training pool stays
 # Countdown-3; the held-out harder variants are Countdown-4 (one more number: a deeper search) and
 # Countdown-3 over numbers up to 999 (the same search over 3-digit arithmetic); the long chain is
 # two chained Countdown-3 problems (`countdown_chain`: 1.8x the reasoning characters). Sizing
-# (experiments/LOG.md, 2026-12-02, tenth session): v2's 3 x 192 teacher fine-tuned on this mixture
+# (experiments/LOG.md, 2026-12-02): v2's 3 x 192 teacher fine-tuned on this mixture
 # learns the large variant (59 %) and the chain (30 %) in 3,000 steps but loses Countdown-3 (69 %)
 # and -4 (21 %) to them, and its failures are planning, not arithmetic (a last step forced to the
 # target): a wider, deeper teacher (4 x 256: 2.0x the step time of 3 x 192, measured side by side)
@@ -259,7 +259,7 @@ V3 = Recipe(
         ("countdown_chain", 192),
     ),
     bars=(
-        # Issue 29 asked for >= 0.80 and >= 0.30. Three recipes land at the same place on the same
+        # The wanted teacher bars were >= 0.80 and >= 0.30. Three recipes land at the same place on the same
         # 500 problems: v2's 3 x 192 (74.2 / 28.8 %), v2's fine-tuned on this mixture (69 / 21 % of
         # 200), this 4 x 256 trained 10,000 steps (75.8 / 29.0 %); the failures are planning (a last
         # step forced to the target), not width (LOG, 2026-12-03). The bars are v2's, and what the

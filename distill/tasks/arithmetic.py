@@ -5,7 +5,7 @@ v3's first student failed its held-out variants on arithmetic in a middle step (
 variant's problems), so a student was given the steps those variants need (operands up to four
 digits) in the text a solution step is (`568-345=223`). It did not help: after 3,000 steps the
 drill was 61.5 % right and distillation on Countdown-3 still took the 3-digit variant from 26 % to
-7-10 % (LOG, 2026-12-03, thirteenth session). No committed recipe uses it; it stays as the record of
+7-10 % (LOG, 2026-12-03). No committed recipe uses it; it stays as the record of
 that attempt and for students that can learn it. It is not a prior ability: forgetting is measured
 on `prior.TASKS`.
 

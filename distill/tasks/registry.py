@@ -63,7 +63,7 @@ class CountdownPoolTask(CountdownTask):
     """A pool of Countdown difficulties (`weights`: (difficulty, weight) pairs) as one training task:
     each row's difficulty drawn by weight, seeded; rows record it (`difficulty`) and are scored as
     every Countdown row. `countdown_mix` holds the three forms tiny world v3 measures, so that none
-    is out of the pool's form (LOG, 2026-12-03, thirteenth session)."""
+    is out of the pool's form (LOG, 2026-12-03)."""
 
     name: str = "countdown_mix"
     weights: tuple[tuple[str, float], ...] = (

@@ -37,7 +37,7 @@ Two question pools, two registered tasks:
   whether the facts are known, not whether unseen questions can be answered. The quality bars
   (teacher >= 0.80, student <= 0.45) are measured there. Questions about creatures never asked
   about in training, their facts read in sheets only, are no use as a test pool: the teacher
-  answered 19.6 % of them (below chance; LOG, 2026-12-01, sixth session).
+  answered 19.6 % of them (below chance; LOG, 2026-12-01).
 - `tinysci_compose`: the harder variant, two-step questions about the `compose` creatures
   (`COMPOSE_SHARE` of them): compositions no model trained on, answerable only by chaining facts
   learnt one at a time. teacher-sci answers 39 % of them, student-sci 9 % (`quality.json`): like

@@ -1,7 +1,7 @@
 """Forgetting: a tiny student taught a retention set and then trained on something else forgets it,
 and the callback's delta says so; NLL text sets (lists, files, text specs); dataset-spec sets stay
 disjoint from the run's training rows; the step-0 baseline survives resuming; the text NLL is
-computed lean (LM head in chunks, never full float32 logits; issue 31) and capped per text."""
+computed lean (LM head in chunks, never full float32 logits) and capped per text."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_baseline_survives_resume(tiny_student, fake_trainer, fake_module):
 
 def direct_nll(model, tokenizer, texts: list[str], vocab_size: int, max_tokens: int | None = None):
     """Each text's token NLLs (float64), one unpadded text at a time from the full logits, as
-    `nll_per_token` computed them before issue 31."""
+    `nll_per_token` computed them before the lean path."""
     out = []
     for text in texts:
         ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]

@@ -244,7 +244,7 @@ def test_docs_quote_the_generated_verdict_tables(doc, tables):
 
 def test_committed_reports_carry_the_current_verdicts(capsys):
     """Every committed report's verdicts are those of the whole family as it stands: an archive that
-    lands without `make outcome` leaves the others' adjusted intervals behind (CI, stop 42)."""
+    lands without `make outcome` leaves the others' adjusted intervals behind."""
     from distill.experiments import quoted
 
     assert quoted.main(["--archives", str(quoted.ROOT / "experiments" / "results"), "--check"]) == 0, (

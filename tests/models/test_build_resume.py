@@ -1,5 +1,5 @@
 """A tiny-world build killed mid-model resumes from its checkpoint with the weights of an
-uninterrupted build (issue 29, item 7)."""
+uninterrupted build."""
 
 from __future__ import annotations
 

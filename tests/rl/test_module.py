@@ -185,6 +185,6 @@ def _kl_at_step_zero(policy_dir, **options) -> float:
 
 def test_kl_to_start_is_zero_at_step_zero_under_mixed_precision(policy_dir):
     """The reference follows the policy's dtype by default, so it is the starting policy bit for bit
-    (issue 31, item 3); a bf16 reference beside a float32 policy has a floor the test can see."""
+   ; a bf16 reference beside a float32 policy has a floor the test can see."""
     assert _kl_at_step_zero(policy_dir) == 0.0
     assert _kl_at_step_zero(policy_dir, reference_dtype="bfloat16") > 0.0

@@ -123,7 +123,7 @@ def _decode_stub(model, max_new_tokens=6):
 
 
 def test_seeded_decode_reads_the_device_once_per_step(monkeypatch):
-    """Issue 17: the stop check and the finiteness check share one host read per decode step; the
+    """The stop check and the finiteness check share one host read per decode step; the
     forward-token counts are read once before and once after the loop."""
     reads = {"tolist": 0, "scalar": 0}
     real_tolist, real_bool, real_int, real_float, real_item = (

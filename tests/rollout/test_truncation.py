@@ -1,4 +1,4 @@
-"""`RolloutBatch.truncated_rows`: rows cut off by `max_new_tokens` (issue 31, item 7)."""
+"""`RolloutBatch.truncated_rows`: rows cut off by `max_new_tokens`."""
 
 from __future__ import annotations
 

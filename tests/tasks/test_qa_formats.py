@@ -1,4 +1,4 @@
-"""Issue 31, item 4: answers as instruct models and MedReason's rows write them, and rows that
+"""answers as instruct models and MedReason's rows write them, and rows that
 cannot be scored counted, logged, and capped.
 
 The MedReason fixture's rows follow the dataset card's schema and the formats its rows use: an

@@ -1,4 +1,4 @@
-"""Compiled vs eager (issue 32, item 8): does compiling change results beyond seed noise?
+"""Compiled vs eager: does compiling change results beyond seed noise?
 
 The runs (run.sh): configs/tiny/base.yaml on tiny world v2, 300 steps, seeds 0 and 1, each once
 eager and once with compile_decoding + compile_forwards. For every final figure: the mean

@@ -1,5 +1,5 @@
 #!/bin/bash
-# compiled vs eager on the tiny world v2 base config, 300 steps (issue 32, item 8)
+# compiled vs eager on the tiny world v2 base config, 300 steps
 cd /work/v3build; export PYTHONPATH=/work/v3build OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 run() { # name seed compile
   /usr/bin/time -f "%e s wall" /work/main/.venv/bin/python -m distill.cli fit --config configs/tiny/base.yaml \

@@ -1,7 +1,7 @@
 """What distillation on Countdown-3 does to the held-out answers' form: on 200 fixed problems of a
 task, the share of greedy answers whose <answer> uses k numbers, and the share whose numbers are
 the problem's (as a multiset), for the start and distilled students.
-Usage: answer_forms.py TASK BUDGET MODEL_DIR...   (LOG 2026-12-03, thirteenth session)"""
+Usage: answer_forms.py TASK BUDGET MODEL_DIR...   (LOG, 2026-12-03)"""
 
 import json
 import re

@@ -3,7 +3,7 @@ lowered every held-out variant that differs from the pool in form (one more numb
 numbers, a chained second problem). This scores models greedy on fresh Countdown-3 problems split
 by how hard their search is: how many solution plans reach the target (integer steps, commutative
 orders counted once), and whether any plan uses only + and -.
-Usage: hard_slices.py N MODEL_DIR...   (LOG 2026-12-03, thirteenth session)"""
+Usage: hard_slices.py N MODEL_DIR...   (LOG, 2026-12-03)"""
 
 import json
 import sys

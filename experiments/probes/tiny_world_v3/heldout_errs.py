@@ -2,7 +2,7 @@
 start and of distilled students on 200 fixed problems of a task, each failure classified by its
 first false step (an arithmetic error in a middle or the last step), a plan whose arithmetic holds
 but ends off the target, numbers not the problem's, or no steps at all.
-Usage: heldout_errs.py TASK BUDGET MODEL_DIR...   (LOG 2026-12-03, twelfth session)"""
+Usage: heldout_errs.py TASK BUDGET MODEL_DIR...   (LOG, 2026-12-03)"""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""Tiny world v3 sizing probe (issue 29): fine-tune the v2 teacher on a v3 mixture and watch the
+"""Tiny world v3 sizing probe: fine-tune the v2 teacher on a v3 mixture and watch the
 held-out variants climb. Usage: python probe.py OUT_JSON [steps] [eval_every]"""
 
 import json

@@ -1,6 +1,6 @@
 """The held-out answers' shape: how many reasoning steps and how many numbers in the answer, greedy
 on 200 fixed Countdown-4 and long-chain problems, per model (does the pool's two-step shape leak?).
-Usage: shape.py MODEL_DIR...   (LOG 2026-12-03, fourteenth session; the last model's first answer
+Usage: shape.py MODEL_DIR...   (LOG, 2026-12-03; the last model's first answer
 is printed as an example)"""
 
 import re

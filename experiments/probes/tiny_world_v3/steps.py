@@ -1,7 +1,7 @@
 """Where a model's Countdown answers go wrong, step by step: on 200 fixed problems per task, greedy,
 the share of reasoning steps (`a op b=c`) that are true by operation, of first steps that are true,
 of answers whose every step is true, of answers whose expression is the one their steps describe
-(faithful), and the accuracy. Usage: steps.py MODEL_DIR...   (LOG 2026-12-03, fourteenth session;
+(faithful), and the accuracy. Usage: steps.py MODEL_DIR...   (LOG, 2026-12-03;
 with small_numbers/ on PYTHONPATH it measures that world)"""
 
 import json

@@ -1,8 +1,8 @@
-"""Candidate v3 students (issue 29, item 3): the build's own training (`train_model`) of a student of
+"""Candidate v3 students: the build's own training (`train_model`) of a student of
 `layers` x 128 on a named mixture (the arithmetic drill of `distill.tasks.arithmetic`, a generalist,
 v3's own), measured greedy on 200 fresh problems per task and saved as OUT/tiny-world-v3/student
 beside a link to the built teacher, so that a sizing sweep can run on it with DISTILL_CACHE=OUT.
-Usage: student_candidate.py OUT TEACHER_DIR MIXNAME [steps] [layers]   (LOG 2026-12-03, thirteenth session)"""
+Usage: student_candidate.py OUT TEACHER_DIR MIXNAME [steps] [layers]   (LOG, 2026-12-03)"""
 
 import json
 import sys

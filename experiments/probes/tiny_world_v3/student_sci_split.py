@@ -1,4 +1,4 @@
-"""student-sci on tinysci questions about facts its training stated vs the others (issue 29, item 5)."""
+"""student-sci on tinysci questions about facts its training stated vs the others."""
 import json, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer

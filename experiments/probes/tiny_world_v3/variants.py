@@ -1,6 +1,6 @@
 """Candidate held-out variants screened on models that exist: greedy accuracy on 200 problems of
 each Countdown difficulty below (defined here, not registered) for the start student, the teacher
-and distilled students. Usage: variants.py THREADS MODEL_DIR...   (LOG 2026-12-03, fourteenth session)"""
+and distilled students. Usage: variants.py THREADS MODEL_DIR...   (LOG, 2026-12-03)"""
 
 import json
 import sys

@@ -3,7 +3,7 @@ build's own loop, measure each greedy on 200 fresh problems per task, and save t
 OUT/tiny-world-v3/{teacher,student} so that a sizing sweep runs on them with DISTILL_CACHE=OUT.
 Run with this folder on PYTHONPATH (its sitecustomize makes the numbers small):
     PYTHONPATH=experiments/probes/tiny_world_v3/small_numbers python .../train_pair.py OUT [teacher_steps] [student_steps]
-(LOG 2026-12-03, fourteenth session)"""
+(LOG, 2026-12-03)"""
 
 import json
 import sys
