@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,32 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def replace_atomic(path: str | Path, fill: Callable[[Path], object]) -> None:
+    """Call `fill(tmp)` on a temporary path beside `path` (a file or a folder `fill` creates
+    there), then rename it over `path`: a reader, and a process killed mid-way, find the old
+    content or the complete new one, never a part. A folder at `path` goes just before the rename
+    (a rename cannot replace a non-empty folder), so for that instant there may be none."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    _remove(tmp)
+    try:
+        fill(tmp)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -25,7 +25,6 @@ not in the sweep is refused, so two sweeps never mix in one report.
 from __future__ import annotations
 
 import csv
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
 from distill.experiments.spec import Run
 from distill.experiments.sweep_record import SWEEP_RECORD, read_sweep_record
 from distill.rundir import METRICS
+from distill.runinfo import replace_atomic
 
 RUN_FILES = (SETTINGS, OVERRIDES, "config.yaml", "env.json", METRICS, TEST_METRICS)
 STATUS_FILES = (METRICS, TEST_METRICS)  # what makes a run (or a reference) done: copied last
@@ -116,13 +116,6 @@ def copy_records(sweep_dir: Path, dest: Path) -> None:
             shutil.copyfile(meta, target)
 
 
-def _replace(write, path: Path) -> None:
-    """`write(tmp)`, then move tmp onto `path`: a reader never sees a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def archive_run(sweep_dir: Path, run_dir: Path, dest: Path) -> Path:
     """Copy one run's committable files into `dest` (at its path relative to `sweep_dir`),
     replacing an earlier copy's; returns the archived run directory. The files that mark a run
@@ -139,12 +132,12 @@ def archive_run(sweep_dir: Path, run_dir: Path, dest: Path) -> Path:
     if run_dir.parent.name == REFERENCES:  # evaluation only: no training curves
         pass
     elif (run_dir / "tensorboard").is_dir():
-        _replace(lambda tmp: write_curves(run_dir, tmp), target / CURVES)
+        replace_atomic(target / CURVES, lambda tmp: write_curves(run_dir, tmp))
     elif (run_dir / CURVES).is_file():  # archiving an archive
-        _replace(lambda tmp: shutil.copyfile(run_dir / CURVES, tmp), target / CURVES)
+        replace_atomic(target / CURVES, lambda tmp: shutil.copyfile(run_dir / CURVES, tmp))
     for name in STATUS_FILES:
         if (run_dir / name).is_file():
-            _replace(lambda tmp, name=name: shutil.copyfile(run_dir / name, tmp), target / name)
+            replace_atomic(target / name, lambda tmp, name=name: shutil.copyfile(run_dir / name, tmp))
     return target
 
 

@@ -4,7 +4,6 @@ finished runs it archives."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from distill.experiments import references, rundirs
 from distill.experiments.archive import archive_run, archived
 from distill.experiments.spec import Run, SweepSpec
 from distill.rundir import read_metrics, read_status
+from distill.runinfo import write_text_atomic
 
 
 @dataclass
@@ -131,9 +131,7 @@ class Progress:
         self.shown = self.clock()
         if self.status_path is None:
             return
-        tmp = self.status_path.with_name(self.status_path.name + ".tmp")
-        tmp.write_text(json.dumps(figures, indent=1) + "\n")
-        os.replace(tmp, self.status_path)
+        write_text_atomic(self.status_path, json.dumps(figures, indent=1) + "\n")
 
     def message(self, text: str) -> None:
         self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")

@@ -6,7 +6,6 @@ and whole-folder swaps, so that an interrupted build never leaves half a model."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +14,7 @@ from transformers import LlamaForCausalLM
 
 from distill.models.tiny_world_recipes import ModelRecipe, Recipe
 from distill.models.tiny_world_train import corpus_digest
-from distill.runinfo import write_json_atomic
+from distill.runinfo import replace_atomic, write_json_atomic
 
 
 def model_json(model: ModelRecipe) -> dict:
@@ -121,9 +120,4 @@ def checkpoint_folder(out: Path, name: str, stamp: dict, force: bool) -> Path:
 
 def replace_dir(target: Path, fill) -> None:
     """Fill a temporary folder, then swap it in: an interrupted build never leaves a half model."""
-    tmp = target.parent / f".{target.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fill(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+    replace_atomic(target, fill)

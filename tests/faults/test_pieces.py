@@ -305,3 +305,27 @@ def test_a_recorded_optimizer_change_reaches_optimizers_restored_by_the_strategy
     fresh = adamw()
     RunRecord({}, optimizer_changes=change).on_train_start(SimpleNamespace(optimizers=[fresh]), None)
     assert fresh.param_groups[0]["lr"] == 1e-3
+
+
+def test_replace_atomic_swaps_a_file_or_a_folder_and_keeps_the_old_on_failure(tmp_path):
+    from distill.runinfo import replace_atomic
+
+    target = tmp_path / "out" / "model"
+    replace_atomic(target, lambda tmp: (tmp.mkdir(), (tmp / "a.txt").write_text("1")))
+    assert (target / "a.txt").read_text() == "1"
+    replace_atomic(target, lambda tmp: (tmp.mkdir(), (tmp / "b.txt").write_text("2")))
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]  # the old folder went whole
+
+    def half_then_fail(tmp):
+        tmp.mkdir()
+        (tmp / "c.txt").write_text("partial")
+        raise RuntimeError("killed mid-way")
+
+    with pytest.raises(RuntimeError, match="killed mid-way"):
+        replace_atomic(target, half_then_fail)
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model"]  # no temporary left behind
+    single = tmp_path / "curves.csv"
+    replace_atomic(single, lambda tmp: tmp.write_text("x\n"))
+    replace_atomic(single, lambda tmp: tmp.write_text("y\n"))
+    assert single.read_text() == "y\n" and sorted(p.name for p in tmp_path.iterdir()) == ["curves.csv", "out"]
