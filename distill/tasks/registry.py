@@ -10,7 +10,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from distill.tasks import countdown, countdown_chain, prior, qa, qa_datasets, tinysci
+from distill.tasks import arithmetic, countdown, countdown_chain, prior, qa, qa_datasets, tinysci
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,33 @@ class PriorTask:
 
 
 @dataclass(frozen=True)
+class ArithmeticTask:
+    """One arithmetic step as a Countdown solution writes it (`distill.tasks.arithmetic`): a drill
+    tried for a tiny world v3 student, measured like a prior."""
+
+    name: str = arithmetic.NAME
+
+    def rows(self, n: int, seed: int) -> list[dict]:
+        return [
+            {
+                "prompt": arithmetic.prompt(s),
+                "messages": [{"role": "user", "content": arithmetic.prompt(s)}],
+                "a": s.a,
+                "op": s.op,
+                "b": s.b,
+                "reference": s.completion,
+            }
+            for s in arithmetic.generate(n, seed)
+        ]
+
+    def score(self, completion: str, row: dict) -> float:
+        return arithmetic.score(completion, arithmetic.Step(row["a"], row["op"], row["b"]))
+
+    def answer(self, completion: str) -> str | None:
+        return completion.split("\n", 1)[0].strip()
+
+
+@dataclass(frozen=True)
 class TinySciTask:
     """The tiny world's knowledge domain (`distill.tasks.tinysci`): `pool` "train" (`tinysci`) or
     "compose" (`tinysci_compose`), multiple choice scored like every QA task."""
@@ -141,6 +168,7 @@ TASKS = (
     | {countdown_chain.NAME: CountdownChainTask()}
     | {CountdownPoolTask.name: CountdownPoolTask()}
     | {name: PriorTask(name) for name in prior.TASKS}
+    | {arithmetic.NAME: ArithmeticTask()}
     | {name: TinySciTask(name, pool) for name, pool in tinysci.TASKS.items()}
 )
 
