@@ -156,8 +156,9 @@ def step_components(run: Run) -> dict[str, int]:
     shard = s.params() // (run.world if run.strategy == "fsdp" else 1)
     return {
         "step: activations": s.activation_bytes(mb, seq, keep),
-        # both models' bf16 logits of K + 1 columns and the loss's gradient buffer
-        "step: logits and their gradient": mb * (keep + 1) * (s.vocab + other) * BF16 + buffer,
+        # both models' bf16 logits of K + 1 columns, alive until the loss's backward has run
+        "step: logits": mb * (keep + 1) * (s.vocab + other) * BF16,
+        "step: loss gradient": buffer,
         # the chunked loss's working set: both models' float32 chunk, its log-softmax and exp,
         # their difference (7 x 4 B) and the rows' bf16 copies (2 x 2 B) per logit of a chunk
         "step: loss chunks": 32 * min(max(1, run.loss_chunk_logits // s.vocab), mb * keep) * s.vocab,
@@ -171,13 +172,14 @@ def step_components(run: Run) -> dict[str, int]:
 
 def step_peaks(c: dict[str, int]) -> tuple[int, int]:
     """(backward, optimiser): the step's two candidate peaks beyond the gradients, the first also
-    beyond the saved bf16 weight copies. Backward starts with every activation, those copies and
-    both logits alive, then meets one transient at a time (the loss's chunks, GradientStats' copy,
-    the LM head's backward); the optimiser step comes after backward has freed them all."""
-    transient = max(
-        c["step: loss chunks"], c["step: GradientStats float32 copy"], c["step: LM-head backward"]
-    )
-    backward = c["step: activations"] + c["step: logits and their gradient"] + transient
+    beyond the saved bf16 weight copies. Backward starts with every activation, those copies, both
+    models' logits and the loss's gradient buffer alive, and meets the loss's chunks. Only autograd
+    holds the logits (the micro-batch's loss is built in a function that returns), so once the
+    loss's backward has run they are freed, and GradientStats' copy and the LM head's backward meet
+    the gradient alone. The optimiser step comes after backward has freed them all."""
+    grad, chunks = c["step: loss gradient"], c["step: loss chunks"]
+    after_loss = max(c["step: GradientStats float32 copy"], c["step: LM-head backward"])
+    backward = c["step: activations"] + grad + max(c["step: logits"] + chunks, after_loss)
     return backward, c["step: optimiser foreach temporary"]
 
 
@@ -291,7 +293,8 @@ LABELS = {
     "step: bf16 weight copies saved for backward": "step: bf16 weight copies saved for backward (whole under FSDP2)",
     "FSDP2 gathered student": "FSDP2: the student gathered whole, outside the step",
     "rollout: KV cache, prefill, sampled logits": "rollout: KV caches, prefill, sampled logits",
-    "step: logits and their gradient": "step: logits (both models, bf16) and the loss's gradient",
+    "step: logits": "step: logits (both models, bf16; freed by the loss's backward)",
+    "step: loss gradient": "step: the loss's gradient w.r.t. the student's logits",
     "step: GradientStats float32 copy": "step: `GradientStats`' float32 gradient copy (every 10th step)",
     "step: LM-head backward": "step: LM head's backward",
     "step: optimiser foreach temporary": "step: AdamW's foreach temporary (after backward)",

@@ -74,7 +74,7 @@ class FixedRollouts(L.LightningDataModule):
             PROMPT,
         )
         rows = [{"row": int(i)} for i in index]
-        return {"rollout": part, "rows": rows, "task": "countdown3", "group_size": GROUP}
+        return {"rollout": part, "rows": rows, "task": "countdown3", "group_size": GROUP, "temperature": 1.0}
 
 
 class FixedRewardGRPO(GRPOModule):
