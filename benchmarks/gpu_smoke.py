@@ -116,10 +116,10 @@ def fit_job(pair: str, kind: str, dirs: dict, data: dict, out: Path, args) -> di
         "test_after_fit": "false",
         "drop_checkpoints": "true",
         "model.init_args.student": dirs["student"],
-        "data.max_new_tokens": str(args.new_tokens),
-        "data.eval_max_new_tokens": str(args.new_tokens),
+        "data.sampling.max_new_tokens": str(args.new_tokens),
+        "data.evaluation.max_new_tokens": str(args.new_tokens),
         "data.train_size": str(d["batch_size"] * (args.steps + 1)),
-        "data.val_size": str(d["eval_batch_size"]),  # one validation batch
+        "data.evaluation.val_size": str(d["evaluation"]["batch_size"]),  # one validation batch
     }
     if kind != "grpo":
         options["model.init_args.teacher"] = dirs["teacher"]
@@ -135,7 +135,7 @@ def fit_job(pair: str, kind: str, dirs: dict, data: dict, out: Path, args) -> di
         "rollout_rows": d["batch_size"] * d.get("group_size", 1),
         "teacher_share": float(options.get("data.mix", d["mix"])),
         "micro_batch": init["micro_batch_size"],
-        "eval_rows": d["eval_batch_size"],
+        "eval_rows": d["evaluation"]["batch_size"],
         "forgetting_rows": forgetting["batch_size"],
     }
     return {"kind": "fit", "argv": argv, "grpo": kind == "grpo", "run": run}

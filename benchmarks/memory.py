@@ -92,7 +92,7 @@ def worker(root: str, phase: str, variant: str, vocab: int, shape: list[int]) ->
     lean = variant == "after"
     budget = 512.0 if lean else 1e12  # before: the whole batch in one pass
     module = DistillationModule(
-        student=f"{root}/student", teacher=f"{root}/teacher", lean_logits=lean, eval_logit_budget_mb=budget
+        student=f"{root}/student", teacher=f"{root}/teacher", execution={"lean_logits": lean, "eval_logit_budget_mb": budget}
     )
     module.configure_model()
     rollout = rollout_batch(vocab, *shape)

@@ -141,7 +141,7 @@ def smoke_callbacks(
     the configured size and `new_tokens`, on the local data, with a `PhaseMark` before the first and
     after each."""
     held, never = "val=32&test=32", 10**6
-    eval_rows = config["data"]["eval_batch_size"]
+    eval_rows = config["data"]["evaluation"]["batch_size"]
     tune = {
         "TaskEvaluation": lambda a: {"num_problems": max(1, eval_rows // a.get("num_samples", 8))},
         "Forgetting": lambda a: {

@@ -14,8 +14,8 @@ the teacher writes fresh ones every step (no rollout cache). Contenders:
 - distill:      `DistillationModule` + `RolloutDataModule` (data.mix 0 / 1) under a Lightning
                 `Trainer` with no logger, checkpointing or evaluation (`distill fit` without its
                 measurement callbacks);
-- distill-compiled: the same with `model.compile_decoding` (static KV cache, `torch.compile`d
-                decode step for both models) and `model.compile_forwards` (both models' scoring
+- distill-compiled: the same with `model.execution.compile_decoding` (static KV cache, `torch.compile`d
+                decode step for both models) and `model.execution.compile_forwards` (both models' scoring
                 and training passes compiled with dynamic shapes); the compiles fall in the dropped
                 warm-up steps, and the median is robust to a later recompile on a new prompt width;
 - trl:          `trl.experimental.gkd.GKDTrainer`, lmbda 1 on-policy / lmbda 0 with seq_kd
@@ -125,18 +125,14 @@ def run_distill(
         divergence=ForwardKL(),
         optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=0.0),
         gradient_clip_val=1.0,
-        log_text_every=0,
-        compile_decoding=compiled,
-        compile_forwards=compiled,
+        text_log={"every": 0}, execution={"compile_decoding": compiled, "compile_forwards": compiled},
     )
     data = RolloutDataModule(
         task="countdown3",
         mix=1.0 if off_policy else 0.0,
         batch_size=args.batch,
-        max_new_tokens=args.new_tokens,
+        sampling={"max_new_tokens": args.new_tokens}, evaluation={"val_size": 0, "test_size": 0},
         train_size=args.batch * (args.steps + 1),
-        val_size=0,
-        test_size=0,
         seed=seed,
     )
     L.seed_everything(seed, verbose=False)

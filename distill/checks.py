@@ -8,6 +8,7 @@ Booleans are not accepted as numbers, and numbers must be finite.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection
 from typing import Any
@@ -79,3 +80,20 @@ def check_choice(field: str, value: Any, choices: Collection) -> Any:
     """One of `choices` (listed in the message in their own order)."""
     check(value in choices, field, value, f"one of {list(choices)}")
     return value
+
+
+def settings(cls: type, value: Any, field: str) -> Any:
+    """A group of settings (a dataclass, e.g. `model.execution`) from an instance of `cls`, a
+    mapping of its fields (a checkpoint's hyper-parameters, a Python caller) or None (its
+    defaults). An unknown field or another type is refused naming `field`."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"{field} has no setting {unknown[0]!r}; it has {sorted(known)}")
+        return cls(**value)
+    raise ValueError(f"{field} must be a {cls.__name__} or a mapping of its fields, got {value!r}")

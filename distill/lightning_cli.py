@@ -41,7 +41,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from distill.config_bases import expand_bases
+from distill.config_bases import expand_bases, moved_args, moved_config
 from distill.config_errors import (
     class_path_field,
     instantiate_error_line,
@@ -193,7 +193,7 @@ class DistillCLI(LightningCLI):
     def _check_fit(self, config, run_dir: Path) -> None:
         if _model_class(config) is not None and issubclass(_model_class(config), GRPOModule):
             data = config.get("data") or {}
-            check_sampling(data.get("group_size"), data.get("temperature"))
+            check_sampling(data.get("group_size"), data.get("sampling.temperature"))
         ckpt = Path(config.ckpt_path) if config.ckpt_path else None
         status = check_fit_target(run_dir, ckpt, config.overwrite)
         # Without a checkpoint, what an earlier fit wrote goes (an --overwrite, or the leftovers of
@@ -205,8 +205,9 @@ class DistillCLI(LightningCLI):
             record, self.resume_step = read_checkpoint_record(ckpt)
             if record is not None:
                 new = yaml.safe_load(self.parser.dump(config, skip_none=False, skip_check=True))
+                old = moved_config(record["config"])[0]  # a run written before a move
                 self.resume_changes = check_resume_config(
-                    record["config"], new, ckpt, config.allow_config_change, {"data": RolloutDataModule}
+                    old, new, ckpt, config.allow_config_change, {"data": RolloutDataModule}
                 )
 
     # --- the trainer ------------------------------------------------------------------------------
@@ -394,7 +395,7 @@ def run_lightning_cli(argv: list[str]) -> dict:
     # "Seed set to N" on stderr says what config.yaml records, and would precede a one-line error.
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     try:
-        args = expand_bases(args)
+        args = expand_bases(moved_args(args))
         cli = DistillCLI(
             L.LightningModule,
             RolloutDataModule,

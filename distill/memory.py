@@ -84,7 +84,7 @@ class Run:
     new_tokens: int = 512
     micro_batch: int = 4
     gradient_stats: bool = True
-    eval_rows: int = 64  # data.eval_batch_size (TaskEvaluation samples in batches of it too)
+    eval_rows: int = 64  # data.evaluation.batch_size (TaskEvaluation samples in batches of it too)
     eval_new_tokens: int = 1024
     eval_logit_budget_mb: float = 512.0
     forgetting_rows: int = 32  # Forgetting.batch_size (StyleProbe's batch is the same in the configs)

@@ -11,7 +11,7 @@ The micro-batch loop and the optimiser step are `distill.training.StepLoop`, whi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
 
@@ -20,12 +20,11 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from distill.checks import check_int, check_number
+from distill.checks import settings
 from distill.losses import ForwardKL, TokenDivergence, global_sum, gradient_denominator, step_token_count
 from distill.models.compiled import compile_flags, compile_forwards
 from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
-    check_attn_implementation,
     check_model_path,
     check_same_tokenizer,
     load_model,
@@ -38,11 +37,13 @@ from distill.rollout.compiled import compile_decoding, eager_if_sharded
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
+    Execution,
     LogitGradSink,
     LoopCheckpointing,
     StepCost,
     StepLoop,
     StepResult,
+    TextLog,
     check_optimizer,
     completion_statistics,
     log_texts,
@@ -83,33 +84,12 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         student_dtype: dtype the student is loaded in (`auto`, `float32`, `bfloat16`, `float16`).
         teacher_dtype: dtype the teacher is loaded in; `auto` = its checkpoint's (bf16 for the
             paper's hub teachers: 16 GB for an 8B, not 32 GB in float32; float32 for the tiny world).
-        log_text_every: log a few rollouts (teacher-written spans marked) to TensorBoard every N
-            optimiser steps (0 = never).
-        num_text_samples: rollouts per text log.
         max_nonfinite_steps: a step with a non-finite loss or gradient norm is skipped (weights
             untouched; counted as `train/nonfinite_steps`); this many in a row stop the run as
             diverged (`distill.training.NonFiniteGuard`).
-        lean_logits: both models' LM heads run only on the completion columns (the last K
-            positions of the rollout batch, `distill.models.forward.completion_width`), in training
-            and evaluation; False computes logits for every position (same numbers, more memory;
-            kept for `benchmarks/memory.py`).
-        eval_logit_budget_mb: evaluation scores rollouts in row chunks whose logits (student and
-            teacher together, at the models' dtypes) stay within this many MiB (> 0).
-        gradient_checkpointing: recompute the student's layer activations in backward instead of
-            keeping them (HF activation checkpointing, non-reentrant): less memory for about one
-            more forward pass; the same gradient.
-        attn_implementation: attention kernel of both models, passed to `from_pretrained` (`eager`,
-            `sdpa`, `flash_attention_2`, ...: the names transformers knows); None = its default.
-        compile_decoding: both models sample rollouts (training and measurement alike) with a
-            static KV cache and a `torch.compile`d decode step (`distill.rollout.compiled`): the
-            same sampling, faster decoding after a compile of tens of seconds per model (another
-            when batch shapes first change); a model that fails to compile, and a student sharded
-            with FSDP2, decode eagerly with a warning.
-        compile_forwards: both models' full-sequence passes (the step's student forward + backward
-            and teacher forward, evaluation scoring) run through `torch.compile` with dynamic
-            shapes (`distill.models.compiled`): the same losses to float rounding, faster on CPU
-            after a compile of tens of seconds per model and mode; a model that fails to compile,
-            and a student sharded with FSDP2, run eagerly with a warning.
+        text_log: rollouts logged as text to TensorBoard, teacher-written spans marked (`TextLog`).
+        execution: how the models run: lean logits, evaluation budget, checkpointing, attention
+            kernel, compiled decoding and forwards (`distill.training.Execution`).
     """
 
     def __init__(
@@ -123,25 +103,20 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         gradient_clip_val: float | None = 1.0,
         student_dtype: str = "float32",
         teacher_dtype: str = "auto",
-        log_text_every: int = 50,
-        num_text_samples: int = 2,
         max_nonfinite_steps: int = 5,
-        lean_logits: bool = True,
-        eval_logit_budget_mb: float = 512.0,
-        gradient_checkpointing: bool = False,
-        attn_implementation: str | None = None,
-        compile_decoding: bool = False,
-        compile_forwards: bool = False,
+        text_log: TextLog = TextLog(every=50, samples=2),
+        execution: Execution = Execution(),
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler"])
+        self.text_log = settings(TextLog, text_log, "model.text_log")
+        self.execution = settings(Execution, execution, "model.execution")
+        self.save_hyperparameters(ignore=["divergence", "optimizer", "lr_scheduler", "text_log", "execution"])
+        # Plain mappings in the hyper-parameters (and so in checkpoints), read back by `settings`.
+        self.hparams.update(text_log=asdict(self.text_log), execution=asdict(self.execution))
         self.loop = StepLoop(micro_batch_size, gradient_clip_val, max_nonfinite_steps)
-        check_int("model.log_text_every", log_text_every, 0)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(teacher_dtype, "model.teacher_dtype")
-        check_number("model.eval_logit_budget_mb", eval_logit_budget_mb, 0, open_min=True)
-        check_attn_implementation(attn_implementation, "model.attn_implementation")
         # Fail before any model is loaded: paths exist, tokenizers agree (tokenizers are cheap).
         self.student_path = check_model_path(student, "model.student")
         self.teacher_path = check_model_path(teacher, "model.teacher")
@@ -167,19 +142,19 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         eager_if_sharded(self.student)
 
     def load_models(self) -> None:
-        hp = self.hparams
+        hp, run = self.hparams, self.execution
         self.student = load_model(
             self.student_path,
             hp.student_dtype,
             trainable=True,
-            attn_implementation=hp.attn_implementation,
-            gradient_checkpointing=hp.gradient_checkpointing,
+            attn_implementation=run.attn_implementation,
+            gradient_checkpointing=run.gradient_checkpointing,
         )
         self.teacher = load_model(
-            self.teacher_path, hp.teacher_dtype, trainable=False, attn_implementation=hp.attn_implementation
+            self.teacher_path, hp.teacher_dtype, trainable=False, attn_implementation=run.attn_implementation
         )
         vocab_size(self.tokenizer, self.student, self.teacher)  # both cover the tokenizer
-        decoding, forwards = compile_flags(hp.compile_decoding, hp.compile_forwards)
+        decoding, forwards = compile_flags(run.compile_decoding, run.compile_forwards)
         if decoding:
             compile_decoding(self.student)
             compile_decoding(self.teacher)
@@ -261,7 +236,7 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         predict completion tokens), or None for every position. Lean passes use K; so does a
         teacher-only context whatever `lean_logits` says, since the teacher's positions line up
         with the student's only from the right (its prompt has another width)."""
-        if self.hparams.lean_logits or rollout.teacher_input_ids is not None:
+        if self.execution.lean_logits or rollout.teacher_input_ids is not None:
             return completion_width(rollout.completion_mask[rows, 1:])
         return None
 
@@ -298,9 +273,9 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/grad_norm", grad_norm)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         self.log("train/nonfinite_steps", float(self.loop.guard.skipped))
-        every = self.hparams.log_text_every
+        every = self.text_log.every
         if every and (self.global_step - 1) % every == 0:
-            n = self.hparams.num_text_samples
+            n = self.text_log.samples
             rendered = rollout.render(self.tokenizer)[:n]
             task, rows = get_task(batch["task"]), batch["rows"][:n]
             scores = [
@@ -329,8 +304,8 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
             self.teacher,
             rollout,
             self.vocab_size,
-            self.hparams.eval_logit_budget_mb,
-            self.hparams.lean_logits,
+            self.execution.eval_logit_budget_mb,
+            self.execution.lean_logits,
             second_inputs=rollout.teacher_inputs(),
         )
         for key in ("forward_kl", "reverse_kl"):

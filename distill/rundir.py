@@ -20,6 +20,7 @@ read run directories, start in a second; the pieces a fit needs from them are `d
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import importlib
 import inspect
@@ -257,12 +258,14 @@ _UNKNOWN = object()
 def option_default(config: dict, key: str, classes: dict[str, type] | None = None) -> Any:
     """The constructor default behind dotted config `key`: `<...>.init_args.<name>` of a block
     with a `class_path`, or `<section>.<name>` of a section whose class `classes` gives (e.g.
-    `{"data": RolloutDataModule}`); `_UNKNOWN` when there is none to find."""
+    `{"data": RolloutDataModule}`), and a field of a group of settings under either
+    (`<...>.<name>.<field>`, the group's default's field); `_UNKNOWN` when there is none to find."""
     parts = key.split(".")
-    cls = (classes or {}).get(parts[0]) if len(parts) == 2 else None
-    if len(parts) >= 3 and parts[-2] == "init_args":
+    cls, rest = (classes or {}).get(parts[0]), parts[1:]
+    if "init_args" in parts[:-1]:
+        at = len(parts) - 1 - parts[::-1].index("init_args")
         block: Any = config
-        for part in parts[:-2]:
+        for part in parts[:at]:
             block = block.get(part) if isinstance(block, dict) else None
         path = block.get("class_path") if isinstance(block, dict) else None
         module, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
@@ -270,11 +273,19 @@ def option_default(config: dict, key: str, classes: dict[str, type] | None = Non
             cls = getattr(importlib.import_module(module), name) if module else None
         except (ImportError, AttributeError):
             cls = None
+        rest = parts[at + 1 :]
     try:
-        param = inspect.signature(cls).parameters.get(parts[-1]) if cls is not None else None
+        param = inspect.signature(cls).parameters.get(rest[0]) if cls is not None and rest else None
     except (TypeError, ValueError):
         param = None
-    return _UNKNOWN if param is None or param.default is inspect.Parameter.empty else param.default
+    if param is None or param.default is inspect.Parameter.empty:
+        return _UNKNOWN
+    default = param.default
+    for field in rest[1:]:  # a field of a group of settings (a dataclass)
+        if not dataclasses.is_dataclass(default) or not hasattr(default, field):
+            return _UNKNOWN
+        default = getattr(default, field)
+    return default
 
 
 def config_changes(

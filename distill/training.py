@@ -6,6 +6,9 @@ optimiser step: clip, skip a non-finite step (`NonFiniteGuard`), step the optimi
 schedule, zero the gradients. Each trainer hands it the loss of one micro-batch; what the loss is
 (a divergence, GRPO's surrogate) stays in the trainer.
 
+`Execution` and `TextLog` are the settings both trainers take as groups (`model.execution.*`,
+`model.text_log.*`): how the models run, and which rollout texts go to TensorBoard.
+
 `StepResult` is what a training step hands every measurement callback: the module returns
 `StepResult(...).output()` and a callback reads it back with `step_result(outputs)` in
 `on_train_batch_end`; its `StepCost` says what the batch cost beyond its rollout.
@@ -36,10 +39,67 @@ from distill.errors import Diverged
 from distill.losses import token_statistics
 from distill.losses.functional import STATISTICS
 from distill.models.forward import causal_logits, completion_width, row_chunks
+from distill.models.loading import check_attn_implementation
 from distill.parallel import full_tensor, gathered, gradient_sync
 from distill.rollout import RolloutBatch
 from distill.tasks import qa
 from distill.tasks.registry import get_task
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a trainer's models run: each setting trades speed for memory or the reverse; the
+    figures stay the same to float rounding.
+
+    Args:
+        lean_logits: the LM heads run only on the completion columns (the last K positions of the
+            rollout batch, `distill.models.forward.completion_width`), in training and evaluation;
+            False computes logits for every position (same numbers, more memory; kept for
+            `benchmarks/memory.py`).
+        eval_logit_budget_mb: evaluation scores rollouts in row chunks whose logits (both models
+            together, at their dtypes) stay within this many MiB (> 0).
+        gradient_checkpointing: recompute the student's layer activations in backward instead of
+            keeping them (HF activation checkpointing, non-reentrant): less memory for about one
+            more forward pass; the same gradient.
+        attn_implementation: attention kernel of every model, passed to `from_pretrained` (`eager`,
+            `sdpa`, `flash_attention_2`, ...: the names transformers knows); None = its default.
+        compile_decoding: sample rollouts (training and measurement alike) with a static KV cache
+            and a `torch.compile`d decode step (`distill.rollout.compiled`): the same sampling,
+            faster decoding after a compile of tens of seconds per model; a model that fails to
+            compile, and a student sharded with FSDP2, decode eagerly with a warning.
+        compile_forwards: run the full-sequence passes (the step's forward + backward, the frozen
+            model's forward, evaluation scoring) through `torch.compile` with dynamic shapes
+            (`distill.models.compiled`): faster on CPU after a compile of tens of seconds per model
+            and mode; a model that fails to compile, and a sharded student, run eagerly.
+    """
+
+    lean_logits: bool = True
+    eval_logit_budget_mb: float = 512.0
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None
+    compile_decoding: bool = False
+    compile_forwards: bool = False
+
+    def __post_init__(self) -> None:
+        check_number("model.execution.eval_logit_budget_mb", self.eval_logit_budget_mb, 0, open_min=True)
+        check_attn_implementation(self.attn_implementation, "model.execution.attn_implementation")
+
+
+@dataclass(frozen=True)
+class TextLog:
+    """A few rollouts logged as text to TensorBoard, with their scores.
+
+    Args:
+        every: log every N optimiser steps (GRPO: rollout batches); 0 = never.
+        samples: rollouts per log.
+    """
+
+    every: int = 50
+    samples: int = 2
+
+    def __post_init__(self) -> None:
+        check_int("model.text_log.every", self.every, 0)
+        check_int("model.text_log.samples", self.samples, 1)
 
 
 @dataclass

@@ -127,7 +127,7 @@ def build(kind: str, world: Path):
             divergence=ReverseKL(),
             optimizer=sgd,
             gradient_clip_val=None,
-            log_text_every=0,
+            text_log={"every": 0},
             micro_batch_size=2,
         )
     # Two optimiser passes on the batch: the second is off-policy, so the clipped ratio and the
@@ -136,8 +136,8 @@ def build(kind: str, world: Path):
         student=str(world / "student"),
         optimizer=sgd,
         gradient_clip_val=None,
-        log_text_every=0,
-        num_iterations=2,
+        text_log={"every": 0},
+        objective={"num_iterations": 2},
         micro_batch_size=2,
     )
 

@@ -18,15 +18,15 @@ SHORT = [
     "1",
     "--data.batch_size",
     "4",
-    "--data.val_size",
+    "--data.evaluation.val_size",
     "8",
-    "--data.test_size",
+    "--data.evaluation.test_size",
     "8",
-    "--data.eval_batch_size",
+    "--data.evaluation.batch_size",
     "8",
-    "--data.max_new_tokens",
+    "--data.sampling.max_new_tokens",
     "12",
-    "--data.eval_max_new_tokens",
+    "--data.evaluation.max_new_tokens",
     "12",
     "--data.train_size",
     "64",
@@ -54,8 +54,8 @@ def test_every_config_parses(config, capsys, monkeypatch):
     assert printed["model"]["class_path"].startswith("distill.")
     assert printed["model"]["init_args"]["student"]
     # As shipped, every model compiles (: eager configs gave no speed advantage).
-    assert printed["model"]["init_args"]["compile_decoding"] is True
-    assert printed["model"]["init_args"]["compile_forwards"] is True
+    assert printed["model"]["init_args"]["execution"]["compile_decoding"] is True
+    assert printed["model"]["init_args"]["execution"]["compile_forwards"] is True
 
 
 def test_base_includes_deep_merge(tmp_path):
@@ -205,12 +205,12 @@ def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, m
 
 
 def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypatch):
-    """`data.teacher_context` reaches the sampler and the loss through the CLI: the teacher writes
+    """`data.prompts.teacher_context` reaches the sampler and the loss through the CLI: the teacher writes
     half the rollouts after its own prompt, and the run records the context in its config."""
     monkeypatch.chdir(ROOT)
     run = tmp_path / "run"
     args = ["fit", "--config", "configs/tiny/fkl_mix0.5.yaml", *SHORT, "--run_dir", str(run)]
-    metrics = run_lightning_cli([*args, "--data.teacher_context", "1 1=2:{target} "])  # Countdown rows
+    metrics = run_lightning_cli([*args, "--data.prompts.teacher_context", "1 1=2:{target} "])  # Countdown rows
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["data"]["teacher_context"] == "1 1=2:{target} "
     assert metrics["train/teacher_share"] > 0 and metrics["train/forward_kl"] >= 0
@@ -219,4 +219,4 @@ def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypat
     with pytest.raises(
         ValueError, match=r"reads row field\(s\) \['nope'\].*they have \['messages', 'numbers'"
     ):
-        run_lightning_cli([*args[:-1], str(tmp_path / "bad"), "--data.teacher_context", "{nope}"])
+        run_lightning_cli([*args[:-1], str(tmp_path / "bad"), "--data.prompts.teacher_context", "{nope}"])

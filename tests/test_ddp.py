@@ -122,7 +122,7 @@ class _FakeTrainer:
 def _datamodule(world_size: int, rank: int, char_tok, **kwargs):
     from distill.data import RolloutDataModule
 
-    dm = RolloutDataModule(task="countdown3", val_size=kwargs.pop("val_size", 7), eval_batch_size=2, **kwargs)
+    dm = RolloutDataModule(task="countdown3", evaluation={"val_size": kwargs.pop("val_size", 7), "batch_size": 2}, **kwargs)
     dm.tokenizer = char_tok
     dm.trainer = _FakeTrainer(world_size, rank)
     return dm
@@ -153,7 +153,7 @@ def test_evaluation_batches_are_as_many_on_every_rank(n, batch_size, world):
 
     ranks = [list(EvenBatches(n, batch_size, world, r)) for r in range(world)]
     assert len({len(batches) for batches in ranks}) == 1
-    if n == 0:  # data.val_size / test_size 0: no evaluation
+    if n == 0:  # data.evaluation.val_size / test_size 0: no evaluation
         assert ranks == [[]] * world
         return
     every = [i for batches in ranks for batch in batches for i in batch]
@@ -192,7 +192,7 @@ def test_a_rank_resumes_its_own_reused_rollouts_and_refuses_another_world(char_t
 def test_evaluation_needs_a_prompt_per_rank(char_tok):
     dm = _datamodule(4, 0, char_tok, val_size=3)
     with pytest.raises(
-        ValueError, match=r"data\.val_size must be 0 or at least the number of ranks \(4\), got 3"
+        ValueError, match=r"data\.evaluation\.val_size must be 0 or at least the number of ranks \(4\), got 3"
     ):
         dm.setup("validate")
 
@@ -213,10 +213,16 @@ def test_a_rank_other_than_zero_writes_no_run_file(tiny_world_cache, tmp_path, m
     for module in (fabric_rank_zero, pytorch_rank_zero):
         monkeypatch.setattr(module.rank_zero_only, "rank", 1)
     short = {"max_steps": "1", "val_check_interval": "1", "log_every_n_steps": "1"}
-    data = {"batch_size": "2", "train_size": "8", "val_size": "2", "test_size": "2", "max_new_tokens": "4"}
+    data = {
+        "batch_size": "2",
+        "train_size": "8",
+        "evaluation.val_size": "2",
+        "evaluation.test_size": "2",
+        "sampling.max_new_tokens": "4",
+    }
     args = [f"--trainer.{k}={v}" for k, v in short.items()] + [f"--data.{k}={v}" for k, v in data.items()]
     metrics = run_lightning_cli(
-        ["fit", "--config", "configs/tiny/fkl_mix0.yaml", *args, "--data.eval_max_new_tokens=4"]
+        ["fit", "--config", "configs/tiny/fkl_mix0.yaml", *args, "--data.evaluation.max_new_tokens=4"]
         + ["--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--run_dir", str(run)]
     )
     assert "train/loss" in metrics and "test/countdown3/accuracy" in metrics  # it did run

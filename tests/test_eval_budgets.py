@@ -1,4 +1,4 @@
-"""`data.eval_max_new_tokens` per task: each evaluated task decodes with its own greedy budget (the
+"""`data.evaluation.max_new_tokens` per task: each evaluated task decodes with its own greedy budget (the
 datamodule's test rollouts and `TaskEvaluation`'s samples), and a mapping that leaves out an
 evaluated task fails when the datamodule is made, naming the task."""
 
@@ -40,8 +40,7 @@ def test_each_task_decodes_with_its_own_budget(quick_world, tmp_path):
         student=str(quick_world / "student"), teacher=str(quick_world / "teacher"), divergence=ForwardKL()
     )
     data = RolloutDataModule(
-        task="countdown3", batch_size=2, train_size=4, test_size=4, eval_batch_size=4,
-        test_tasks=["countdown3", "countdown4"], eval_max_new_tokens=BUDGETS,
+        task="countdown3", batch_size=2, train_size=4, evaluation={"test_size": 4, "batch_size": 4, "test_tasks": ["countdown3", "countdown4"], "max_new_tokens": BUDGETS},
     )  # fmt: skip
     widths, sampled = _Widths(), _SampledWidths(num_problems=2, num_samples=2, ks=[1, 2])
     trainer = L.Trainer(
@@ -57,7 +56,7 @@ def test_each_task_decodes_with_its_own_budget(quick_world, tmp_path):
 
 
 def test_one_budget_serves_every_task():
-    data = RolloutDataModule(test_tasks=["countdown3", "countdown4"], eval_max_new_tokens=11)
+    data = RolloutDataModule(evaluation={"test_tasks": ["countdown3", "countdown4"], "max_new_tokens": 11})
     assert data.eval_budget("countdown4") == data.eval_budget("countdown3") == 11
 
 
@@ -65,11 +64,11 @@ def test_one_budget_serves_every_task():
     ("value", "message"),
     [
         ({"countdown3": 96}, r"no budget for the evaluated task\(s\) \['countdown4'\]"),
-        ({"countdown3": 96, "countdown4": 0}, r"data\.eval_max_new_tokens\.countdown4 .*0"),
+        ({"countdown3": 96, "countdown4": 0}, r"data\.evaluation\.max_new_tokens\.countdown4 .*0"),
         ({}, "non-empty"),
-        ("96", r"data\.eval_max_new_tokens"),
+        ("96", r"data\.evaluation\.max_new_tokens"),
     ],
 )
 def test_a_bad_budget_fails_when_the_datamodule_is_made(value, message):
     with pytest.raises(ValueError, match=message):
-        RolloutDataModule(test_tasks=["countdown3", "countdown4"], eval_max_new_tokens=value)
+        RolloutDataModule(evaluation={"test_tasks": ["countdown3", "countdown4"], "max_new_tokens": value})

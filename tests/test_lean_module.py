@@ -79,7 +79,9 @@ def _step(module, rollout):
 def test_lean_step_equals_the_full_logits_step(pair, divergence, micro):
     rollout = _rollout()
     lean = _step(_module(pair, divergence=divergence(), micro_batch_size=micro), rollout)
-    full = _step(_module(pair, divergence=divergence(), micro_batch_size=micro, lean_logits=False), rollout)
+    full = _step(
+        _module(pair, divergence=divergence(), micro_batch_size=micro, execution={"lean_logits": False}), rollout
+    )
     torch.testing.assert_close(vars(lean[0]), vars(full[0]), rtol=1e-10, atol=1e-12)
     assert int(lean[1]) == int(full[1]) == 18
     for a, b in zip(lean[2], full[2]):
@@ -135,7 +137,7 @@ def test_evaluation_chunked_by_budget_gives_the_unchunked_figures(pair, budget_m
 def test_gradient_checkpointing_gives_the_same_step(pair):
     rollout = _rollout(seed=5)
     plain = _step(_module(pair), rollout)
-    checkpointed_module = _module(pair, gradient_checkpointing=True)
+    checkpointed_module = _module(pair, execution={"gradient_checkpointing": True})
     assert checkpointed_module.student.is_activation_checkpointing
     checkpointed = _step(checkpointed_module, rollout)
     for a, b in zip(plain[2], checkpointed[2]):
@@ -145,8 +147,16 @@ def test_gradient_checkpointing_gives_the_same_step(pair):
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"eval_logit_budget_mb": 0}, "model.eval_logit_budget_mb must be a finite number > 0, got 0"),
-        ({"attn_implementation": "flash"}, r"model.attn_implementation must be one of \[.*\], got 'flash'"),
+        (
+            {"execution": {"eval_logit_budget_mb": 0}},
+            "model.execution.eval_logit_budget_mb must be a finite number > 0, got 0",
+        ),
+        (
+            {"execution": {"attn_implementation": "flash"}},
+            r"model.execution.attn_implementation must be one of \[.*\], got 'flash'",
+        ),
+        ({"execution": {"compile": True}}, r"model.execution has no setting 'compile'; it has \["),
+        ({"text_log": {"every": -1}}, "model.text_log.every must be an integer >= 0, got -1"),
     ],
 )
 def test_bad_options_name_the_field(pair, options, match):

@@ -121,18 +121,18 @@ def assert_each_logger_has_the_run(run: Path, where: Path) -> str:
 
 
 SHORT = [
-    "--model.init_args.compile_decoding=false",  # eager: compiling would take most of the test
-    "--model.init_args.compile_forwards=false",
+    "--model.init_args.execution.compile_decoding=false",  # eager: compiling would take most of the test
+    "--model.init_args.execution.compile_forwards=false",
     "--trainer.max_steps=2",
     "--trainer.val_check_interval=1",
     "--trainer.log_every_n_steps=1",
     "--data.batch_size=4",
     "--data.train_size=64",
-    "--data.val_size=8",
-    "--data.test_size=8",
-    "--data.eval_batch_size=8",
-    "--data.max_new_tokens=12",
-    "--data.eval_max_new_tokens=12",
+    "--data.evaluation.val_size=8",
+    "--data.evaluation.test_size=8",
+    "--data.evaluation.batch_size=8",
+    "--data.sampling.max_new_tokens=12",
+    "--data.evaluation.max_new_tokens=12",
 ]
 
 
@@ -170,7 +170,7 @@ def short_config(where: Path) -> Path:
     config = {
         "base": str(base),
         "checkpoint_every_n_steps": 3,
-        "model": {"init_args": {"compile_decoding": False, "compile_forwards": False}},
+        "model": {"init_args": {"execution": {"compile_decoding": False, "compile_forwards": False}}},
         "trainer": {
             "max_steps": 8,
             "val_check_interval": 4,
@@ -181,12 +181,14 @@ def short_config(where: Path) -> Path:
         "data": {
             "batch_size": 4,
             "train_size": 48,
-            "max_new_tokens": 12,
-            "val_size": 8,
-            "test_size": 8,
-            "eval_batch_size": 8,
-            "eval_max_new_tokens": 12,
-            "test_tasks": ["countdown3"],
+            "sampling": {"max_new_tokens": 12},
+            "evaluation": {
+                "val_size": 8,
+                "test_size": 8,
+                "batch_size": 8,
+                "max_new_tokens": 12,
+                "test_tasks": ["countdown3"],
+            },
         },
     }
     path = where / "short.yaml"

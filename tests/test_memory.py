@@ -92,8 +92,9 @@ def test_the_tables_runs_are_the_paper_configs(pair):
         BF16,
     )
     assert run.rollout_rows == data["batch_size"] and run.micro_batch == model["micro_batch_size"]
-    assert (run.new_tokens, run.eval_new_tokens) == (data["max_new_tokens"], data["eval_max_new_tokens"])
-    assert run.eval_rows == data["eval_batch_size"]
+    sampling, evaluation = data["sampling"], data["evaluation"]
+    assert (run.new_tokens, run.eval_new_tokens) == (sampling["max_new_tokens"], evaluation["max_new_tokens"])
+    assert run.eval_rows == evaluation["batch_size"]
     forgetting = _callback(base, "Forgetting")
     assert (run.forgetting_rows, run.forgetting_new_tokens) == (
         forgetting["batch_size"],
@@ -117,7 +118,7 @@ def test_the_tables_runs_are_the_paper_configs(pair):
     reference = g_model.get("reference_dtype") or g_model["student_dtype"]  # None: the policy's
     assert g_run.frozen_itemsize == {"float32": FP32, "bfloat16": BF16}[reference]
     medreason = _config(f"{pair}_medreason.yaml")
-    assert runs["1 GPU, MedReason"].new_tokens == medreason["data"]["max_new_tokens"]
+    assert runs["1 GPU, MedReason"].new_tokens == medreason["data"]["sampling"]["max_new_tokens"]
     assert HUB[medreason["model"]["init_args"]["student"]] == student
 
 
@@ -239,7 +240,7 @@ def measured(request, tmp_path_factory):
         divergence=ForwardKL(chunk_size=16),
         micro_batch_size=MICRO,
         teacher_dtype="bfloat16",
-        log_text_every=0,
+        text_log={"every": 0},
     )
     module.configure_model()
     out = {}

@@ -39,8 +39,7 @@ def test_rollouts_evaluation_and_callbacks_compute_in_the_steps_precision(quick_
     )
     module.configure_model()
     data = RolloutDataModule(
-        task="countdown3", batch_size=2, train_size=4, val_size=2, eval_batch_size=2, max_new_tokens=6,
-        eval_max_new_tokens=6,
+        task="countdown3", batch_size=2, train_size=4, evaluation={"val_size": 2, "batch_size": 2, "max_new_tokens": 6}, sampling={"max_new_tokens": 6},
     )  # fmt: skip
     phase = Phase(module.student)
     forgetting = Forgetting(sets=["addition"], num_examples=2, every_n_steps=1, max_new_tokens=4)

@@ -28,10 +28,15 @@ def _fit(module, data, max_steps: int) -> None:
 def _trainers(world):
     student, teacher = str(world / "student"), str(world / "teacher")
     data = dict(
-        task="countdown3", batch_size=2, train_size=8, val_size=0, max_new_tokens=6, tokenizer=student
+        task="countdown3",
+        batch_size=2,
+        train_size=8,
+        evaluation={"val_size": 0},
+        sampling={"max_new_tokens": 6},
+        prompts={"tokenizer": student},
     )
     distill = DistillationModule(student=student, teacher=teacher, divergence=ForwardKL(), micro_batch_size=1)
-    grpo = GRPOModule(student=student, micro_batch_size=1, num_iterations=2, log_text_every=0)
+    grpo = GRPOModule(student=student, micro_batch_size=1, objective={"num_iterations": 2}, text_log={"every": 0})
     return [
         ("distillation", distill, RolloutDataModule(mix=0.5, **data)),
         ("grpo", grpo, RolloutDataModule(group_size=2, **data)),  # two passes over one batch

@@ -25,19 +25,18 @@ def prompt_collator(trainer, pl_module):
     return collate if collate is not None else PromptCollator(pl_module.tokenizer, chat_template=False)
 
 
-def datamodule_option(trainer, name: str, default):
-    """A datamodule hyper-parameter (e.g. `eval_max_new_tokens`), or `default` without one."""
-    hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None)
-    return getattr(hparams, name, default) if hparams is not None else default
+def evaluation_settings(trainer):
+    """The datamodule's `Evaluation` settings (`data.evaluation`), or None without one."""
+    return getattr(getattr(trainer, "datamodule", None), "evaluation", None)
 
 
 def eval_budget(trainer, task: str, default: int = 128) -> int:
-    """The datamodule's greedy evaluation budget for `task` (`data.eval_max_new_tokens`, one for all
-    tasks or one per task), or `default` without a datamodule that has one."""
+    """The datamodule's greedy evaluation budget for `task` (`data.evaluation.max_new_tokens`, one
+    for all tasks or one per task), or `default` without a datamodule that has one."""
     datamodule = getattr(trainer, "datamodule", None)
     if hasattr(datamodule, "eval_budget"):
         return datamodule.eval_budget(task)
-    value = datamodule_option(trainer, "eval_max_new_tokens", default)
+    value = getattr(evaluation_settings(trainer), "max_new_tokens", default)
     return value if isinstance(value, int) else max(value.values())
 
 

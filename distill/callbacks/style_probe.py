@@ -78,7 +78,7 @@ class StyleProbe(L.Callback):
         task: task whose prompts are used (registry name).
         num_prompts: prompts (fixed rows, the same at every evaluation).
         every_n_steps: evaluate every N optimiser steps (plus step 0 and the end).
-        max_new_tokens: greedy completion budget; None: the datamodule's `eval_max_new_tokens`
+        max_new_tokens: greedy completion budget; None: the datamodule's `evaluation.max_new_tokens`
             (else 128).
         batch_size: prompts per generation call.
         samples: also draw this many completions per prompt at temperature 1 (seeded: the same

@@ -7,8 +7,8 @@ import lightning as L
 
 from distill.callbacks.contract import StudentHolder, require
 from distill.callbacks.generation import (
-    datamodule_option,
     eval_budget,
+    evaluation_settings,
     next_token_logits,
     rank_share,
     student_rollouts,
@@ -40,20 +40,20 @@ class TaskEvaluation(L.Callback):
     numbers and differ only through the weights.
 
     Args:
-        tasks: tasks to evaluate (registry names); None: the datamodule's `val_tasks` at
-            validation and its `test_tasks` at test.
+        tasks: tasks to evaluate (registry names); None: the datamodule's `evaluation.val_tasks` at
+            validation and its `evaluation.test_tasks` at test.
         num_problems: problems per task: the first ones of the datamodule's split for that task
             (the ones greedy accuracy uses), or generated from a fixed seed for a task the
             datamodule does not evaluate.
         num_samples: samples n per problem (>= every k).
         ks: the k of each pass@k, each in [1, num_samples].
         temperature: sampling temperature (> 0; no top-k/top-p filtering).
-        max_new_tokens: completion budget; None: the datamodule's `eval_max_new_tokens` for the task
+        max_new_tokens: completion budget; None: the datamodule's `evaluation.max_new_tokens` for the task
             (else 128).
         every_n_validations: evaluate at every N-th validation run of fit (sanity checks skipped).
         on_test: also evaluate at the end of `trainer.test`.
         batch_size: sequences per sampling call, rounded down to whole problems (at least one);
-            None: the datamodule's `eval_batch_size` (else 256).
+            None: the datamodule's `evaluation.batch_size` (else 256).
         seed: sampling seed.
 
     `summary()` returns the latest values of every key (the test values once test has run).
@@ -132,7 +132,7 @@ class TaskEvaluation(L.Callback):
         return out
 
     def _run(self, trainer, pl_module, split: str) -> None:
-        batch_size = self.batch_size or datamodule_option(trainer, "eval_batch_size", 256)
+        batch_size = self.batch_size or getattr(evaluation_settings(trainer), "batch_size", 256)
         for name, rows in self._problems(trainer, split):
             sampler = RolloutSampler(
                 mix=0.0,

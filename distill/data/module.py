@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from datasets import Dataset
 from torch.utils.data import DataLoader
 
-from distill.checks import check_int
+from distill.checks import check_int, settings
 from distill.data.order import EvenBatches, ResumableShuffle, RowLists
 from distill.data.prompts import PromptCollator, repeat_rows
 from distill.models.loading import load_tokenizer
@@ -53,24 +54,106 @@ def _rows(task, n: int, seed: int, part: str) -> list[dict]:
 
 
 def _eval_budgets(value, tasks) -> dict[str, int]:
-    """`data.eval_max_new_tokens` as a budget per evaluated task: one integer for all, or a mapping
+    """`data.evaluation.max_new_tokens` as a budget per evaluated task: one integer for all, or a mapping
     that names every task (a longer task needs a longer budget; a short one should not pay for it)."""
     names = list(dict.fromkeys(t.name for t in tasks))
     if not isinstance(value, dict):
-        n = check_int("data.eval_max_new_tokens", value, 1)
+        n = check_int("data.evaluation.max_new_tokens", value, 1)
         return dict.fromkeys(names, n) or {"": n}
     if not value:
         raise ValueError(
-            "data.eval_max_new_tokens must be an integer >= 1 or a non-empty {task: budget} mapping"
+            "data.evaluation.max_new_tokens must be an integer >= 1 or a non-empty {task: budget} mapping"
         )
-    budgets = {str(k): check_int(f"data.eval_max_new_tokens.{k}", v, 1) for k, v in value.items()}
+    budgets = {str(k): check_int(f"data.evaluation.max_new_tokens.{k}", v, 1) for k, v in value.items()}
     missing = [n for n in names if n not in budgets]
     if missing:
         raise ValueError(
-            f"data.eval_max_new_tokens names no budget for the evaluated task(s) {missing}; "
+            f"data.evaluation.max_new_tokens names no budget for the evaluated task(s) {missing}; "
             f"it names {sorted(budgets)}: give every validation and test task a budget"
         )
     return budgets
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How training rollouts are decoded (evaluation decodes greedily, at `Evaluation`'s budgets).
+
+    Args:
+        max_new_tokens: completion budget of training rollouts.
+        temperature: sampling temperature of training rollouts (0 = greedy).
+        top_k: keep only the k most likely tokens when sampling (None = off).
+        top_p: nucleus sampling threshold in (0, 1] (None = off).
+        speculative_top_k: with granularity `speculative`, student proposals outside the teacher's
+            top-k are replaced by teacher samples.
+    """
+
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    speculative_top_k: int = 5
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a task row becomes each model's prompt tokens (`distill.data.prompts.PromptCollator`).
+
+    Args:
+        tokenizer: tokenizer path; None takes the LightningModule's (`model.student`'s) tokenizer.
+        chat_template: wrap prompts in the tokenizer's chat template (instruct hub models).
+        chat_template_kwargs: extra variables for the chat template, e.g. `{date_string: 26 Jul 2024}`
+            for Llama-3.x, whose template otherwise stamps today's date into every prompt (so that
+            prompts, and the teacher-rollout cache keys, would change from day to day).
+        teacher_context: text only the teacher reads (None = it reads the student's prompt): a
+            system message with a chat template, else text put before the prompt; a `str.format`
+            template over the row's fields, e.g. `"Background: {reasoning}\n"` for privileged
+            context. The teacher writes its rollouts and scores every completion after its own
+            prompt; both models are aligned on the completion tokens.
+        student_context: the same for the student's own prompt (None = unchanged). Rarely set by
+            hand: a sweep's teacher reference uses it to test the teacher, in the student's place,
+            with the `teacher_context` it reads in training.
+    """
+
+    tokenizer: str | None = None
+    chat_template: bool = False
+    chat_template_kwargs: dict | None = None
+    teacher_context: str | None = None
+    student_context: str | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The validation and test prompts and their greedy decoding.
+
+    Args:
+        val_tasks: tasks evaluated during validation (greedy accuracy, logged per task); None =
+            the training task.
+        test_tasks: tasks evaluated by `test` (e.g. the training task and its harder variants);
+            None = the training task.
+        val_size: prompts per validation task (>= 0).
+        test_size: prompts per test task (>= 0).
+        batch_size: prompts per evaluation batch.
+        max_new_tokens: completion budget of evaluation generations: one for every task, or a
+            budget per task (`{countdown3: 96, countdown_chain: 192}`), which must then name every
+            validation and test task (`RolloutDataModule.eval_budget`).
+    """
+
+    val_tasks: list[str] | None = None
+    test_tasks: list[str] | None = None
+    val_size: int = 200
+    test_size: int = 500
+    batch_size: int = 100
+    max_new_tokens: int | dict[str, int] = 128
+
+    def __post_init__(self) -> None:
+        check_int("data.evaluation.batch_size", self.batch_size, 1)
+        for name in ("val_size", "test_size"):
+            check_int(f"data.evaluation.{name}", getattr(self, name), 0)
+
+
+# The rollout policy's own settings; the rest of the sampler's are `Sampling`'s.
+POLICY_SETTINGS = ("mix", "granularity")
+GROUPS = {"sampling": Sampling, "prompts": PromptFormat, "evaluation": Evaluation}
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -81,43 +164,19 @@ class RolloutDataModule(L.LightningDataModule):
             spec such as `sciq:path/to/sciq.jsonl` (see `distill.tasks.qa_datasets`).
         mix: the teacher's share of the rollouts, in [0, 1] (0 = on-policy student, 1 = teacher).
         granularity: how the share is applied: `batch`, `sequence`, `token` or `speculative`.
-        max_new_tokens: completion budget of training rollouts.
-        temperature: sampling temperature of training rollouts (0 = greedy).
-        top_k: keep only the k most likely tokens when sampling (None = off).
-        top_p: nucleus sampling threshold in (0, 1] (None = off).
-        speculative_top_k: in `speculative` mode, student proposals outside the teacher's top-k are
-            replaced by teacher samples.
         refresh_every: how many optimiser steps a batch of rollouts is reused (1 = always fresh,
             fully on-policy; larger values make student rollouts stale).
         batch_size: prompts per optimiser step on each device (sequences, with group_size 1).
         group_size: completions sampled per training prompt (G, >= 1): each prompt of a batch is
             repeated G times (consecutive rows, `rows` repeated to match) before rollout sampling,
             so a step holds batch_size x G sequences. GRPO needs G >= 2; distillation uses 1.
-        eval_batch_size: prompts per evaluation batch.
         train_size: number of training prompts (one epoch).
-        val_size: prompts per validation task.
-        test_size: prompts per test task.
-        val_tasks: tasks evaluated during validation (greedy accuracy, logged per task).
-        test_tasks: tasks evaluated by `test` (Countdown-3 and the harder variants by default).
-        eval_max_new_tokens: completion budget of evaluation generations: one for every task, or a
-            budget per task (`{countdown3: 96, countdown_chain: 192}`), which must then name every
-            validation and test task (`eval_budget`: a task it does not name gets its largest).
-        tokenizer: tokenizer path; None takes the LightningModule's (`model.student`'s) tokenizer.
-        chat_template: wrap prompts in the tokenizer's chat template (instruct hub models).
-        chat_template_kwargs: extra variables for the chat template, e.g. `{date_string: 26 Jul 2024}`
-            for Llama-3.x, whose template otherwise stamps today's date into every prompt (so that
-            prompts, and the teacher-rollout cache keys, would change from day to day).
-        teacher_context: text only the teacher reads (None = it reads the student's prompt): a
-            system message with a chat template, else text put before the prompt; a `str.format`
-            template over the row's fields, e.g. `"Background: {reasoning}\n"` for privileged
-            context (`distill.data.prompts`). The teacher writes its rollouts and scores every
-            completion after its own prompt; both models are aligned on the completion tokens.
-        student_context: the same for the student's own prompt (None = unchanged). Rarely set by
-            hand: a sweep's teacher reference uses it to test the teacher, in the student's place,
-            with the `teacher_context` it reads in training.
         rollout_cache: folder caching teacher-written rollouts across runs (None: env
             `DISTILL_ROLLOUT_CACHE`, or no cache).
         seed: data seed (prompt generation and order, rollout sampling); linked to `seed_everything`.
+        sampling: how training rollouts are decoded (`Sampling`).
+        prompts: how rows become prompts: tokenizer, chat template, teacher-only context (`PromptFormat`).
+        evaluation: the validation and test tasks, sizes, batch and budgets (`Evaluation`).
     """
 
     def __init__(
@@ -125,63 +184,39 @@ class RolloutDataModule(L.LightningDataModule):
         task: str = "countdown3",
         mix: float = 0.0,
         granularity: str = "sequence",
-        max_new_tokens: int = 96,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        speculative_top_k: int = 5,
         refresh_every: int = 1,
         batch_size: int = 16,
         group_size: int = 1,
-        eval_batch_size: int = 100,
         train_size: int = 20000,
-        val_size: int = 200,
-        test_size: int = 500,
-        val_tasks: list[str] | None = None,
-        test_tasks: list[str] | None = None,
-        eval_max_new_tokens: int | dict[str, int] = 128,
-        tokenizer: str | None = None,
-        chat_template: bool = False,
-        chat_template_kwargs: dict | None = None,
-        teacher_context: str | None = None,
-        student_context: str | None = None,
         rollout_cache: str | None = None,
         seed: int = 0,
+        sampling: Sampling = Sampling(),
+        prompts: PromptFormat = PromptFormat(),
+        evaluation: Evaluation = Evaluation(),
     ):
         super().__init__()
-        self.save_hyperparameters()
-        for name in (
-            "refresh_every",
-            "batch_size",
-            "group_size",
-            "eval_batch_size",
-            "train_size",
-        ):
+        self.sampling = settings(Sampling, sampling, "data.sampling")
+        self.prompts = settings(PromptFormat, prompts, "data.prompts")
+        self.evaluation = settings(Evaluation, evaluation, "data.evaluation")
+        self.save_hyperparameters(ignore=list(GROUPS))
+        # Plain mappings in the hyper-parameters (and so in checkpoints), read back by `settings`.
+        self.hparams.update({name: dataclasses.asdict(getattr(self, name)) for name in GROUPS})
+        for name in ("refresh_every", "batch_size", "group_size", "train_size"):
             check_int(f"data.{name}", getattr(self.hparams, name), 1)
-        for name in ("val_size", "test_size"):
-            check_int(f"data.{name}", getattr(self.hparams, name), 0)
         self.task = get_task(task)
-        self.val_tasks = [get_task(t) for t in (val_tasks if val_tasks is not None else [task])]
+        ev, fmt = self.evaluation, self.prompts
+        self.val_tasks = [get_task(t) for t in (ev.val_tasks if ev.val_tasks is not None else [task])]
+        self.test_tasks = [get_task(t) for t in (ev.test_tasks if ev.test_tasks is not None else [task])]
         # A malformed template fails now, before any model is loaded.
-        PromptCollator(None, chat_template, chat_template_kwargs, teacher_context, student_context)
-        self.test_tasks = [
-            get_task(t)
-            for t in (test_tasks if test_tasks is not None else ["countdown3", "countdown4", "countdown5"])
-        ]
+        PromptCollator(None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context)
         try:  # the sampler validates the knob's settings now, before any model is loaded
             self.sampler = RolloutSampler(
-                mix=mix,
-                granularity=granularity,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                speculative_top_k=speculative_top_k,
-                cache_dir=rollout_cache,
+                mix=mix, granularity=granularity, cache_dir=rollout_cache, **dataclasses.asdict(self.sampling)
             )
         except ValueError as err:
-            raise ValueError(f"data.{err}") from None
-        self.eval_budgets = _eval_budgets(eval_max_new_tokens, self.val_tasks + self.test_tasks)
+            group = "data." if str(err).split(" ")[0] in POLICY_SETTINGS else "data.sampling."
+            raise ValueError(f"{group}{err}") from None
+        self.eval_budgets = _eval_budgets(ev.max_new_tokens, self.val_tasks + self.test_tasks)
         self.eval_samplers = {  # one greedy sampler per budget
             n: RolloutSampler(mix=0.0, granularity="sequence", max_new_tokens=n, temperature=0.0)
             for n in sorted(set(self.eval_budgets.values()))
@@ -196,11 +231,11 @@ class RolloutDataModule(L.LightningDataModule):
     # --- datasets ---------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if self.tokenizer is None:
-            path = self.hparams.tokenizer
+            path = self.prompts.tokenizer
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
-        h = self.hparams
+        fmt, ev = self.prompts, self.evaluation
         self.collate = PromptCollator(
-            self.tokenizer, h.chat_template, h.chat_template_kwargs, h.teacher_context, h.student_context
+            self.tokenizer, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
         )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
         self.sampler.use_tokenizer(self.tokenizer)
@@ -209,9 +244,10 @@ class RolloutDataModule(L.LightningDataModule):
         seed, h = self.hparams.seed, self.hparams
         world, _ = self._ranks()
         for name in ("val_size", "test_size"):  # a rank without prompts would miss the figures' sync
-            if 0 < getattr(h, name) < world:
+            if 0 < getattr(ev, name) < world:
                 raise ValueError(
-                    f"data.{name} must be 0 or at least the number of ranks ({world}), got {getattr(h, name)}"
+                    f"data.evaluation.{name} must be 0 or at least the number of ranks ({world}), "
+                    f"got {getattr(ev, name)}"
                 )
         # Split seeds are disjoint: training prompts never come from the evaluation generators.
         if stage == "fit":
@@ -220,14 +256,14 @@ class RolloutDataModule(L.LightningDataModule):
             )
         if stage in ("fit", "validate"):
             self.val_sets = [
-                Dataset.from_list(_rows(t, h.val_size, path_seed("val"), "val")) for t in self.val_tasks
+                Dataset.from_list(_rows(t, ev.val_size, path_seed("val"), "val")) for t in self.val_tasks
             ]
         if stage == "test":
             self.test_sets = [
-                Dataset.from_list(_rows(t, h.test_size, path_seed("test"), "test")) for t in self.test_tasks
+                Dataset.from_list(_rows(t, ev.test_size, path_seed("test"), "test")) for t in self.test_tasks
             ]
         # A context template naming a field the rows lack fails here, before any model is loaded.
-        contexts = h.teacher_context is not None or h.student_context is not None
+        contexts = fmt.teacher_context is not None or fmt.student_context is not None
         for name in ("train_set", "val_sets", "test_sets") if contexts else ():
             found = getattr(self, name, None)
             for dataset in [found] if isinstance(found, Dataset) else found or []:
@@ -267,10 +303,10 @@ class RolloutDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self):
-        return [self._loader(d, self.hparams.eval_batch_size) for d in self.val_sets]
+        return [self._loader(d, self.evaluation.batch_size) for d in self.val_sets]
 
     def test_dataloader(self):
-        return [self._loader(d, self.hparams.eval_batch_size) for d in self.test_sets]
+        return [self._loader(d, self.evaluation.batch_size) for d in self.test_sets]
 
     # --- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:

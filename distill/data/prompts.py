@@ -27,7 +27,7 @@ import string
 import torch
 
 
-def context_fields(template: str, owner: str = "data.teacher_context") -> list[str]:
+def context_fields(template: str, owner: str = "data.prompts.teacher_context") -> list[str]:
     """The row fields `template` reads; raises ValueError (naming `owner`) for a malformed
     template or a field that is not a plain name (no attribute or index access)."""
     try:
@@ -48,7 +48,7 @@ def context_fields(template: str, owner: str = "data.teacher_context") -> list[s
     return fields
 
 
-def render_context(template: str, row: dict, owner: str = "data.teacher_context") -> str:
+def render_context(template: str, row: dict, owner: str = "data.prompts.teacher_context") -> str:
     """`template` filled from `row`; a missing field names the fields the row has."""
     missing = [f for f in context_fields(template, owner) if f not in row]
     if missing:
@@ -109,7 +109,7 @@ class PromptCollator:
         self.teacher_context, self.student_context = teacher_context, student_context
 
     def encode(
-        self, rows: list[dict], context: str | None = None, owner: str = "data.teacher_context"
+        self, rows: list[dict], context: str | None = None, owner: str = "data.prompts.teacher_context"
     ) -> dict:
         """Left-padded `input_ids` and `attention_mask` of the rows' prompts, with `context` (a
         template, named `owner` in errors) given as context when not None."""
@@ -138,7 +138,7 @@ class PromptCollator:
 
     def student(self, rows: list[dict]) -> dict:
         """The student's prompt batch alone (what callbacks that roll out the student read)."""
-        return self.encode(rows, self.student_context, "data.student_context")
+        return self.encode(rows, self.student_context, "data.prompts.student_context")
 
     def __call__(self, rows: list[dict]) -> dict:
         batch = {**self.student(rows), "rows": rows}

@@ -173,6 +173,6 @@ def eager_if_sharded(model: nn.Module, stacklevel: int = 2) -> None:
     if is_sharded(model) and compiled_forward(model) is not None:
         uncompile_forwards(model)
         warnings.warn(
-            f"model.compile_forwards: {type(model).__name__} is sharded (FSDP2), so its forward passes run eagerly",
+            f"model.execution.compile_forwards: {type(model).__name__} is sharded (FSDP2), so its forward passes run eagerly",
             stacklevel=stacklevel,
         )

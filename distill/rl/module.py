@@ -26,6 +26,7 @@ callback must then skip teacher-side measurements). `reference` is the frozen st
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -33,12 +34,11 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from distill.checks import check_choice, check_int, check_number
+from distill.checks import settings
 from distill.losses import gradient_denominator, step_token_count
 from distill.models.compiled import compile_flags, compile_forwards
 from distill.models.forward import causal_logits, completion_width, drop_from_state_dict, export_pretrained
 from distill.models.loading import (
-    check_attn_implementation,
     check_model_path,
     check_same_tokenizer,
     load_model,
@@ -46,11 +46,11 @@ from distill.models.loading import (
     resolve_dtype,
     vocab_size,
 )
-from distill.names import KL_ESTIMATORS
 from distill.parallel import keep_out_of_ddp, shard_model
 from distill.rl.logprobs import token_logprobs_and_kl
 from distill.rl.objective import (
     GRPOBatch,
+    GRPOObjective,
     check_sampling,
     clipped_surrogate,
     group_advantages,
@@ -61,11 +61,13 @@ from distill.rollout.compiled import compile_decoding, eager_if_sharded
 from distill.tasks.registry import get_task
 from distill.training import (
     EvalFigures,
+    Execution,
     LogitGradSink,
     LoopCheckpointing,
     StepCost,
     StepLoop,
     StepResult,
+    TextLog,
     check_optimizer,
     completion_statistics,
     log_texts,
@@ -87,16 +89,7 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
             starting policy (`student` as loaded). Must share the student's tokenizer.
         optimizer: optimiser over the policy's parameters only.
         lr_scheduler: optional LR schedule, stepped once per optimiser step (mu per batch).
-        num_iterations: optimiser steps (passes, mu) per rollout batch; passes after the first are
-            off-policy and rely on the clipped ratio.
-        clip_epsilon: lower clip range: the ratio is clipped at 1 - clip_epsilon (in (0, 1)).
-        clip_epsilon_high: upper clip range 1 + clip_epsilon_high (> 0; DAPO's clip-higher);
-            None = clip_epsilon.
-        kl_coef: weight of the KL penalty to the reference (>= 0; 0 = none, as in DAPO and Dr. GRPO).
-        kl_estimator: per-token estimator of the penalty: `k1`, `k2` or `k3` (DeepSeekMath's GRPO;
-            see `distill.rl.objective.kl_penalty` for what each one's gradient pulls towards).
-        scale_rewards: divide centred rewards by their group's std (False: Dr. GRPO, centring only).
-        advantage_epsilon: added to the group std before dividing (>= 0).
+        objective: passes per batch, clip ranges, KL penalty and advantages (`GRPOObjective`).
         log_kl_to_start: log the exact KL(policy || reference) per token even when kl_coef = 0
             (keeps the reference loaded: one frozen copy of the policy).
         micro_batch_size: sequences per forward/backward pass; None = the whole batch.
@@ -107,15 +100,14 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
             lower precision than the policy's halves its memory but leaves a floor under
             `kl_to_start` (the reference is a rounded copy: its norms and residuals run in its
             dtype, the policy's in float32 even under autocast), which can swamp the drift at lr 1e-6.
-        log_text_every: log a few scored completions to TensorBoard every N rollout batches (0 = never).
-        num_text_samples: completions per text log.
         max_nonfinite_steps: an optimiser step with a non-finite loss or gradient norm is skipped
             (counted as `train/nonfinite_steps`); this many in a row stop the run as diverged.
-        lean_logits, eval_logit_budget_mb, gradient_checkpointing, attn_implementation,
-            compile_decoding, compile_forwards: as in `DistillationModule`, the reference in the
-            teacher's place (it never decodes, so compiled decoding compiles the policy only; its
-            scoring passes are compiled with `compile_forwards`). Log-probabilities are
-            computed in chunks of positions (`distill.rl.logprobs`), as the divergences are.
+        text_log: scored completions logged as text to TensorBoard, every N rollout batches.
+        execution: how the models run, as in `DistillationModule` (`distill.training.Execution`),
+            the reference in the teacher's place (it never decodes, so compiled decoding compiles
+            the policy only; its scoring passes are compiled with `compile_forwards`).
+            Log-probabilities are computed in chunks of positions (`distill.rl.logprobs`), as the
+            divergences are.
     """
 
     def __init__(
@@ -124,47 +116,32 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         reference: str | None = None,
         optimizer: OptimizerCallable = _default_optimizer,
         lr_scheduler: LRSchedulerCallable | None = None,
-        num_iterations: int = 1,
-        clip_epsilon: float = 0.2,
-        clip_epsilon_high: float | None = None,
-        kl_coef: float = 0.0,
-        kl_estimator: str = "k3",
-        scale_rewards: bool = True,
-        advantage_epsilon: float = 1e-4,
+        objective: GRPOObjective = GRPOObjective(),
         log_kl_to_start: bool = True,
         micro_batch_size: int | None = None,
         gradient_clip_val: float | None = 1.0,
         student_dtype: str = "float32",
         reference_dtype: str | None = None,
-        log_text_every: int = 50,
-        num_text_samples: int = 4,
         max_nonfinite_steps: int = 5,
-        lean_logits: bool = True,
-        eval_logit_budget_mb: float = 512.0,
-        gradient_checkpointing: bool = False,
-        attn_implementation: str | None = None,
-        compile_decoding: bool = False,
-        compile_forwards: bool = False,
+        text_log: TextLog = TextLog(every=50, samples=4),
+        execution: Execution = Execution(),
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        check_int("model.num_iterations", num_iterations, 1)
-        check_number("model.clip_epsilon", clip_epsilon, 0, 1, open_min=True, open_max=True)
-        check_number("model.clip_epsilon_high", clip_epsilon_high, 0, open_min=True, optional=True)
-        check_number("model.kl_coef", kl_coef, 0)
-        check_choice("model.kl_estimator", kl_estimator, KL_ESTIMATORS)
-        check_number("model.advantage_epsilon", advantage_epsilon, 0)
-        check_int("model.log_text_every", log_text_every, 0)
+        self.objective = settings(GRPOObjective, objective, "model.objective")
+        self.text_log = settings(TextLog, text_log, "model.text_log")
+        self.execution = settings(Execution, execution, "model.execution")
+        groups = {"objective": self.objective, "text_log": self.text_log, "execution": self.execution}
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", *groups])
+        # Plain mappings in the hyper-parameters (and so in checkpoints), read back by `settings`.
+        self.hparams.update({name: asdict(group) for name, group in groups.items()})
         self.loop = StepLoop(micro_batch_size, gradient_clip_val, max_nonfinite_steps)
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         if reference_dtype is not None:
             resolve_dtype(reference_dtype, "model.reference_dtype")
-        check_number("model.eval_logit_budget_mb", eval_logit_budget_mb, 0, open_min=True)
-        check_attn_implementation(attn_implementation, "model.attn_implementation")
         self.student_path = check_model_path(student, "model.student")
         self.tokenizer = load_tokenizer(self.student_path)
-        self.use_reference = kl_coef > 0 or log_kl_to_start
+        self.use_reference = self.objective.kl_coef > 0 or log_kl_to_start
         self.reference_path = (
             check_model_path(reference, "model.reference") if reference else self.student_path
         )
@@ -172,8 +149,6 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
             check_same_tokenizer(load_tokenizer(self.reference_path), self.tokenizer, reference, student)
         self.vocab_size = len(self.tokenizer)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
-        self.clip_low = float(clip_epsilon)
-        self.clip_high = float(clip_epsilon if clip_epsilon_high is None else clip_epsilon_high)
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold no reference tensors
         self.student = None
@@ -191,10 +166,10 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         eager_if_sharded(self.student)
 
     def load_models(self) -> None:
-        hp = self.hparams
-        attn = {"attn_implementation": hp.attn_implementation}
+        hp, run = self.hparams, self.execution
+        attn = {"attn_implementation": run.attn_implementation}
         self.student = load_model(
-            self.student_path, hp.student_dtype, gradient_checkpointing=hp.gradient_checkpointing, **attn
+            self.student_path, hp.student_dtype, gradient_checkpointing=run.gradient_checkpointing, **attn
         )
         models = [self.student]
         if self.use_reference:
@@ -202,7 +177,7 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
             self.reference = load_model(self.reference_path, dtype, trainable=False, **attn)
             models.append(self.reference)
         vocab_size(self.tokenizer, *models)
-        decoding, forwards = compile_flags(hp.compile_decoding, hp.compile_forwards)
+        decoding, forwards = compile_flags(run.compile_decoding, run.compile_forwards)
         if decoding:
             compile_decoding(self.student)
         if forwards:
@@ -278,10 +253,8 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         check_sampling(group_size, temperature)
         rollout = batch["rollout"]
         rewards, texts = self.rewards(batch)
-        hp = self.hparams
-        advantages, zero_signal = group_advantages(
-            rewards, group_size, hp.scale_rewards, hp.advantage_epsilon
-        )
+        goal = self.objective
+        advantages, zero_signal = group_advantages(rewards, group_size, goal.scale_rewards, goal.advantage_epsilon)
         mask = rollout.completion_mask[:, 1:]
         return GRPOBatch(
             rollout=rollout,
@@ -306,11 +279,11 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         ids, attn = step.rollout.input_ids, step.rollout.attention_mask
         tokens, mask, temperature = ids[:, 1:], step.mask, step.temperature
         denom = gradient_denominator(step.num_items.clamp(min=1))  # num_items / world size
-        hp = self.hparams
+        goal, lean = self.objective, self.execution.lean_logits
         sums = dict.fromkeys(("loss", "clipped", "kl_to_start", "kl_penalty", "reference_s"), 0.0)
 
         def micro_batch_loss(batch_rows: slice) -> torch.Tensor:
-            keep = completion_width(mask[batch_rows]) if hp.lean_logits else None  # the last K columns
+            keep = completion_width(mask[batch_rows]) if lean else None  # the last K columns
             rows = (batch_rows, slice(-keep if keep else None, None))
             m, ref_logits = mask[rows].float(), None
             t0 = time.perf_counter()
@@ -332,11 +305,11 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
                 if kl_to_start is not None:
                     sums["kl_to_start"] += float((kl_to_start * m).sum())
             per_token, cut = clipped_surrogate(
-                logp, step.old_logp[rows], step.advantages[batch_rows], self.clip_low, self.clip_high
+                logp, step.old_logp[rows], step.advantages[batch_rows], *goal.clip_range
             )
-            if hp.kl_coef > 0:
-                kl = kl_penalty(logp, step.ref_logp[rows], hp.kl_estimator)
-                per_token = per_token + hp.kl_coef * kl
+            if goal.kl_coef > 0:
+                kl = kl_penalty(logp, step.ref_logp[rows], goal.kl_estimator)
+                per_token = per_token + goal.kl_coef * kl
                 sums["kl_penalty"] += float((kl.detach() * m).sum())
             loss = (per_token * m).sum() / denom
             sums["loss"] += float(loss.detach())
@@ -349,7 +322,7 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
     def optimizer_steps_per_batch(self) -> int:
         """Optimiser steps the coming batch takes: `num_iterations`, cut so that the run never steps
         past `max_steps` (which counts optimiser steps). Measurement intervals read it too."""
-        passes = self.hparams.num_iterations
+        passes = self.objective.num_iterations
         if self.trainer.max_steps > 0:
             passes = max(1, min(passes, self.trainer.max_steps - self.global_step))
         return passes
@@ -367,17 +340,17 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/clip_fraction", logged["clip_fraction"], **add)
         if self.reference is not None:
             self.log("train/kl_to_start", logged["kl_to_start"], prog_bar=True, **add)
-        if self.hparams.kl_coef > 0:
+        if self.objective.kl_coef > 0:
             self.log("train/kl_penalty", logged["kl_penalty"], **add)
         self.log("train/completion_length", step.rollout.completion_mask.sum(-1).float().mean(), **mean)
         self.log("train/truncated_share", step.rollout.truncated_rows / n, **mean)  # cut at max_new_tokens
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         self.log("train/nonfinite_steps", float(self.loop.guard.skipped), batch_size=n)
-        every = self.hparams.log_text_every
-        batch_index = (self.global_step - passes) // self.hparams.num_iterations  # rollout batches so far
+        every = self.text_log.every
+        batch_index = (self.global_step - passes) // self.objective.num_iterations  # rollout batches so far
         if every and batch_index % every == 0:
-            texts = step.rollout.render(self.tokenizer)[: self.hparams.num_text_samples]
+            texts = step.rollout.render(self.tokenizer)[: self.text_log.samples]
             log_texts(
                 self, "completions", [f"[reward {float(r):g}] {t}" for r, t in zip(step.rewards, texts)]
             )
@@ -390,9 +363,9 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         self.chance_figure(prefix, task, rows, scores.device)
         if self.reference is None:
             return
-        hp = self.hparams
+        run = self.execution
         sums, count = completion_statistics(
-            self.student, self.reference, rollout, self.vocab_size, hp.eval_logit_budget_mb, hp.lean_logits
+            self.student, self.reference, rollout, self.vocab_size, run.eval_logit_budget_mb, run.lean_logits
         )
         self.eval_figure(f"{prefix}/{task}/kl_to_start", sums["reverse_kl"], count)
 

@@ -1,6 +1,7 @@
 """GRPO's tensor math: group-normalised advantages, per-token log-probs, the clipped surrogate and
-the per-token KL penalty. Pure functions, no Lightning (layer 2 conventions: float32 math); and
-`GRPOBatch`, the tensors one rollout batch carries through its passes.
+the per-token KL penalty. Pure functions, no Lightning (layer 2 conventions: float32 math);
+`GRPOObjective`, their settings (`model.objective.*`); and `GRPOBatch`, the tensors one rollout
+batch carries through its passes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from distill.checks import check_choice, check_int, check_number
 from distill.losses import global_sum
 from distill.names import KL_ESTIMATORS
 from distill.rl.logprobs import token_logprobs_and_kl
@@ -24,6 +26,48 @@ def _wide(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+@dataclass(frozen=True)
+class GRPOObjective:
+    """What GRPO optimises on a rollout batch: passes, clip ranges, KL penalty, advantages.
+
+    Args:
+        num_iterations: optimiser steps (passes, mu) per rollout batch; passes after the first are
+            off-policy and rely on the clipped ratio.
+        clip_epsilon: lower clip range: the ratio is clipped at 1 - clip_epsilon (in (0, 1)).
+        clip_epsilon_high: upper clip range 1 + clip_epsilon_high (> 0; DAPO's clip-higher);
+            None = clip_epsilon.
+        kl_coef: weight of the KL penalty to the reference (>= 0; 0 = none, as in DAPO and Dr. GRPO).
+        kl_estimator: per-token estimator of the penalty: `k1`, `k2` or `k3` (DeepSeekMath's GRPO;
+            see `kl_penalty` for what each one's gradient pulls towards).
+        scale_rewards: divide centred rewards by their group's std (False: Dr. GRPO, centring only).
+        advantage_epsilon: added to the group std before dividing (>= 0).
+    """
+
+    num_iterations: int = 1
+    clip_epsilon: float = 0.2
+    clip_epsilon_high: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    scale_rewards: bool = True
+    advantage_epsilon: float = 1e-4
+
+    def __post_init__(self) -> None:
+        check_int("model.objective.num_iterations", self.num_iterations, 1)
+        check_number("model.objective.clip_epsilon", self.clip_epsilon, 0, 1, open_min=True, open_max=True)
+        check_number(
+            "model.objective.clip_epsilon_high", self.clip_epsilon_high, 0, open_min=True, optional=True
+        )
+        check_number("model.objective.kl_coef", self.kl_coef, 0)
+        check_choice("model.objective.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_number("model.objective.advantage_epsilon", self.advantage_epsilon, 0)
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(low, high): the ratio is clipped to [1 - low, 1 + high]."""
+        high = self.clip_epsilon if self.clip_epsilon_high is None else self.clip_epsilon_high
+        return float(self.clip_epsilon), float(high)
+
+
 def check_sampling(group_size: int | None, temperature: float | None) -> None:
     """GRPO needs groups of at least 2 completions per prompt, sampled at a temperature > 0
     (None: not known, not checked)."""
@@ -34,7 +78,7 @@ def check_sampling(group_size: int | None, temperature: float | None) -> None:
         )
     if temperature == 0:
         raise ValueError(
-            "data.temperature must be > 0 for GRPO: greedy decoding makes every group's completions equal"
+            "data.sampling.temperature must be > 0 for GRPO: greedy decoding makes every group's completions equal"
         )
 
 

@@ -2,8 +2,8 @@
 mapping; `get_task(spec)` turns it into a `QATask` (see `distill.tasks.qa` for prompts, option
 shuffling and answer extraction).
 
-A spec is one string, so it fits wherever a task name does (`data.task`, `data.val_tasks`,
-`data.test_tasks`, the callbacks' task lists)::
+A spec is one string, so it fits wherever a task name does (`data.task`, `data.evaluation.val_tasks`,
+`data.evaluation.test_tasks`, the callbacks' task lists)::
 
     <kind>:<source>[?key=value&key=value...]
 

@@ -2,7 +2,7 @@
 
 `is_spanish`: does a completion reason in Spanish? The paper induces a teacher to reason in
 Spanish and measures how much of that style the student takes up; with hub models the teacher is
-induced by a teacher-only system prompt (`data.teacher_context`, `configs/paper/*_style_es.yaml`).
+induced by a teacher-only system prompt (`data.prompts.teacher_context`, `configs/paper/*_style_es.yaml`).
 The test is lexical, so it needs no model and no download: the share of a text's words that are
 Spanish function words (articles, prepositions, conjunctions, common verbs, arithmetic words),
 none of which is also an English word.

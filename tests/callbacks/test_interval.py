@@ -9,13 +9,14 @@ import pytest
 from distill.callbacks import GradientStats
 from distill.callbacks.interval import StepInterval, steps_per_batch
 from distill.rl.module import GRPOModule
+from distill.rl.objective import GRPOObjective
 
 
 def _grpo_like(trainer, passes: int):
     """A stand-in module whose `optimizer_steps_per_batch` is GRPOModule's own method."""
-    module = SimpleNamespace(hparams=SimpleNamespace(num_iterations=passes), trainer=trainer)
+    module = SimpleNamespace(objective=GRPOObjective(num_iterations=passes), trainer=trainer)
     module.optimizer_steps_per_batch = lambda: GRPOModule.optimizer_steps_per_batch(
-        SimpleNamespace(hparams=module.hparams, trainer=trainer, global_step=trainer.global_step)
+        SimpleNamespace(objective=module.objective, trainer=trainer, global_step=trainer.global_step)
     )
     return module
 

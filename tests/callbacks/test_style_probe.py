@@ -199,7 +199,7 @@ def test_the_teachers_sampled_share_is_its_probability_of_the_style(fake_trainer
 
 
 def test_the_teacher_writes_after_its_own_context(fake_trainer, fake_module, tiny_student):
-    """With a teacher-only context (`data.teacher_context`), the teacher's share is measured on
+    """With a teacher-only context (`data.prompts.teacher_context`), the teacher's share is measured on
     what the teacher reads in training, the context and then the prompt: its sampled share with one
     new token matches its probability of a detected token after that view, not after the bare
     prompt."""

@@ -72,12 +72,12 @@ def test_a_bad_references_value_names_the_field(tmp_path, value):
 
 def test_axes_that_change_how_runs_are_tested_need_references_off(tmp_path):
     with pytest.raises(
-        SpecError, match=r"'references': axis 'data.test_size' sets data.test_size.*references: false"
+        SpecError, match=r"'references': axis 'data.evaluation.test_size' sets data.evaluation.test_size.*references: false"
     ):
-        _spec(tmp_path, axes={"data.test_size": [10, 20]})
+        _spec(tmp_path, axes={"data.evaluation.test_size": [10, 20]})
     with pytest.raises(SpecError, match="'references': axis 'model.teacher' sets model.teacher"):
         _spec(tmp_path, axes={"model.init_args.teacher": ["a", "b"]})
-    assert _spec(tmp_path, axes={"data.test_size": [10, 20]}, references=False).references == ()
+    assert _spec(tmp_path, axes={"data.evaluation.test_size": [10, 20]}, references=False).references == ()
 
 
 def test_a_config_without_teacher_gets_only_the_start_unless_the_teacher_is_listed(tmp_path):
@@ -109,10 +109,10 @@ def test_the_teacher_reference_reads_the_teacher_only_context(tmp_path):
     spec = parse_spec({"name": "s", "base": "a.yaml", "axes": {"mix": [0]}}, root=tmp_path)
     runs, _ = reference_runs(spec)
     by_kind = {r.reference: r.overrides for r in runs}
-    assert by_kind["teacher"]["data.student_context"] == "Reason in Spanish."
+    assert by_kind["teacher"]["data.prompts.student_context"] == "Reason in Spanish."
     assert by_kind["start"] == {}  # the start is the student: it reads its own prompt
     assert (
-        model_option([tmp_path / "a.yaml"], {"data.teacher_context": "x"}, "teacher_context", "data") == "x"
+        model_option([tmp_path / "a.yaml"], {"data.prompts.teacher_context": "x"}, "teacher_context", "data") == "x"
     )
 
 
@@ -142,7 +142,7 @@ def test_test_problems_do_not_depend_on_the_run_seed(char_tok):
 
     sets = []
     for seed in (0, 7):
-        dm = RolloutDataModule(test_size=20, seed=seed)
+        dm = RolloutDataModule(evaluation={"test_size": 20}, seed=seed)
         dm.tokenizer = char_tok
         dm.setup("test")
         sets.append([[dm.test_sets[i][j] for j in range(20)] for i in range(len(dm.test_sets))])
@@ -315,10 +315,10 @@ def test_real_references_with_distill_test_on_the_quick_tiny_world(tiny_world_ca
     monkeypatch.chdir(root)
     spec = tmp_path / "refs.yaml"
     overrides = {
-        "data.test_tasks": ["countdown3"],
-        "data.test_size": 4,
-        "data.eval_batch_size": 4,
-        "data.eval_max_new_tokens": 8,
+        "data.evaluation.test_tasks": ["countdown3"],
+        "data.evaluation.test_size": 4,
+        "data.evaluation.batch_size": 4,
+        "data.evaluation.max_new_tokens": 8,
     }
     spec.write_text(
         yaml.safe_dump(

@@ -24,7 +24,7 @@ def test_every_shorthand_lands_where_fit_reads_it(tmp_path):
             "name": "contract",
             "base": str(BASE),
             "out": str(tmp_path / "runs"),
-            "overrides": {"trainer.max_steps": 3, "gradient_clip": 0.5, "data.max_new_tokens": 16},
+            "overrides": {"trainer.max_steps": 3, "gradient_clip": 0.5, "data.sampling.max_new_tokens": 16},
             "axes": {
                 "divergence": ["reverse_kl"],
                 "estimator": ["k3"],

@@ -61,8 +61,8 @@ FLAG_CASES = [
     ("granularity", ["--data.granularity", "row"], "data.granularity must be one of"),
     (
         "temperature",
-        ["--data.temperature", "-1"],
-        "data.temperature must be a finite number >= 0 (0 = greedy), got -1",
+        ["--data.sampling.temperature", "-1"],
+        "data.sampling.temperature must be a finite number >= 0 (0 = greedy), got -1",
     ),
     (
         "student_path",
@@ -143,7 +143,7 @@ def test_bad_flag_fails_in_one_line_before_any_model_or_run_dir(
     "extra, message",
     [
         (["--data.group_size", "1"], "data.group_size must be >= 2 for GRPO"),
-        (["--data.temperature", "0"], "data.temperature must be > 0 for GRPO"),
+        (["--data.sampling.temperature", "0"], "data.sampling.temperature must be > 0 for GRPO"),
     ],
     ids=["group_size", "greedy"],
 )

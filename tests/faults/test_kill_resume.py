@@ -51,12 +51,14 @@ def short_config(where: Path) -> Path:
             "batch_size": 6,
             "train_size": 48,
             "refresh_every": 3,
-            "max_new_tokens": 12,
-            "val_size": 8,
-            "test_size": 8,
-            "eval_batch_size": 8,
-            "eval_max_new_tokens": 12,
-            "test_tasks": ["countdown3"],
+            "sampling": {"max_new_tokens": 12},
+            "evaluation": {
+                "val_size": 8,
+                "test_size": 8,
+                "batch_size": 8,
+                "max_new_tokens": 12,
+                "test_tasks": ["countdown3"],
+            },
         },
     }
     path = where / "short.yaml"

@@ -265,15 +265,15 @@ def test_options_added_since_a_checkpoint_do_not_block_its_resume_at_their_defau
     old = {"model": module, "data": {"mix": 0}}
     added = {"lean_logits": True, "eval_logit_budget_mb": 512, "gradient_checkpointing": False}
     new = {
-        "model": {**module, "init_args": {"student": "s", **added}},
-        "data": {"mix": 0, "teacher_context": None},
+        "model": {**module, "init_args": {"student": "s", "max_nonfinite_steps": 5, "execution": added}},
+        "data": {"mix": 0, "prompts": {"teacher_context": None}},
     }
     assert config_changes(old, new, {"data": RolloutDataModule}) == {}
-    new["model"]["init_args"]["gradient_checkpointing"] = True
-    new["data"]["teacher_context"] = "Reason in Spanish."
+    new["model"]["init_args"]["execution"]["gradient_checkpointing"] = True
+    new["data"]["prompts"]["teacher_context"] = "Reason in Spanish."
     assert config_changes(old, new, {"data": RolloutDataModule}) == {
-        "data.teacher_context": (None, "Reason in Spanish."),
-        "model.init_args.gradient_checkpointing": (None, True),
+        "data.prompts.teacher_context": (None, "Reason in Spanish."),
+        "model.init_args.execution.gradient_checkpointing": (None, True),
     }
     # Without the data class, a new data key counts; an unimportable class_path counts too.
     assert "data.group_size" in config_changes(old, {**new, "data": {"mix": 0, "group_size": 1}})

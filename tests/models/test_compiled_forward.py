@@ -87,7 +87,7 @@ def test_a_sharded_model_runs_its_passes_eagerly_with_a_warning(tiny_student, mo
 def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gradient(
     quick_world, recording, monkeypatch
 ):
-    """`model.compile_forwards` marks both models; the step's means and the student's gradient equal
+    """`model.execution.compile_forwards` marks both models; the step's means and the student's gradient equal
     the eager module's (through the recording backend)."""
     monkeypatch.delenv("DISTILL_COMPILE")  # the suite runs eagerly unless a test compiles
     from distill.module import DistillationModule
@@ -96,7 +96,7 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
 
     def module(compiled: bool):
         m = DistillationModule(
-            str(quick_world / "student"), str(quick_world / "teacher"), compile_forwards=compiled
+            str(quick_world / "student"), str(quick_world / "teacher"), execution={"compile_forwards": compiled}
         )
         m.configure_model()
         return m
@@ -127,7 +127,7 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
 
-    policy = GRPOModule(str(quick_world / "student"), compile_forwards=True)
+    policy = GRPOModule(str(quick_world / "student"), execution={"compile_forwards": True})
     policy.load_models()
     assert compiled_forward(policy.student) is not None
 

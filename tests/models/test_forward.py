@@ -93,9 +93,9 @@ def test_row_chunks_hold_the_budget():
 def test_attention_implementation_is_checked_and_passed_to_from_pretrained(tiny_student, tmp_path):
     assert {"eager", "sdpa", "flash_attention_2"} <= set(attention_implementations())
     with pytest.raises(
-        ValueError, match=r"model.attn_implementation must be one of \[.*'sdpa'.*\], got 'fast'"
+        ValueError, match=r"model.execution.attn_implementation must be one of \[.*'sdpa'.*\], got 'fast'"
     ):
-        check_attn_implementation("fast", "model.attn_implementation")
+        check_attn_implementation("fast", "model.execution.attn_implementation")
     tiny_student.save_pretrained(tmp_path)
     assert load_model(str(tmp_path), attn_implementation="eager").config._attn_implementation == "eager"
     assert load_model(str(tmp_path), attn_implementation="sdpa").config._attn_implementation == "sdpa"

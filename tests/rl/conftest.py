@@ -36,8 +36,14 @@ class Rollouts:
         from distill.data import RolloutDataModule
 
         settings = dict(
-            task="countdown3", batch_size=3, train_size=12, max_new_tokens=12, tokenizer=policy_dir
+            task="countdown3",
+            batch_size=3,
+            train_size=12,
+            sampling={"max_new_tokens": 12},
+            prompts={"tokenizer": policy_dir},
         )
+        for group in ("sampling", "prompts", "evaluation"):  # a group in `options` adds to the defaults'
+            options[group] = settings.pop(group, {}) | options.get(group, {})
         data = RolloutDataModule(**(settings | options))
         data.setup("fit")
         return data

@@ -62,9 +62,9 @@ def test_tiny_grpo_fit_from_an_exported_student(policy_dir, tmp_path):
         "--model.init_args.student", policy_dir,
         "--trainer.max_steps", "3",
         "--trainer.val_check_interval", "2",
-        "--data.batch_size", "2", "--data.group_size", "3", "--data.max_new_tokens", "8",
-        "--data.val_size", "4", "--data.test_size", "4", "--data.eval_batch_size", "4",
-        "--data.eval_max_new_tokens", "8",
+        "--data.batch_size", "2", "--data.group_size", "3", "--data.sampling.max_new_tokens", "8",
+        "--data.evaluation.val_size", "4", "--data.evaluation.test_size", "4", "--data.evaluation.batch_size", "4",
+        "--data.evaluation.max_new_tokens", "8",
         "--run_dir", str(run_dir),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -86,15 +86,14 @@ def test_a_short_grpo_run_raises_countdown_reward(tmp_path):
     rows = get_task("countdown3").rows(train_size, seed=path_seed("train", data_seed))
     tok = _pretrained_policy(tmp_path / "policy", rows)
     module = GRPOModule(
-        student=str(tmp_path / "policy"), optimizer=partial(torch.optim.AdamW, lr=3e-4), log_text_every=0
+        student=str(tmp_path / "policy"), optimizer=partial(torch.optim.AdamW, lr=3e-4), text_log={"every": 0}
     )
     data = RolloutDataModule(
         task="countdown3",
         batch_size=4,
         group_size=8,
         train_size=train_size,
-        max_new_tokens=48,
-        val_size=0,
+        sampling={"max_new_tokens": 48}, evaluation={"val_size": 0},
         seed=data_seed,
     )
     log = RewardLog()

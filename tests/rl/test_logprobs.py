@@ -98,7 +98,7 @@ def _move(model, seed: int, size: float) -> None:
 
 
 def _run(rollouts, policy_dir, batch, lean: bool):
-    module = GRPOModule(student=policy_dir, kl_coef=0.2, micro_batch_size=5, lean_logits=lean)
+    module = GRPOModule(student=policy_dir, objective={"kl_coef": 0.2}, execution={"lean_logits": lean}, micro_batch_size=5)
     module.configure_model()
     module.student.double()
     module.reference.double()
@@ -116,7 +116,7 @@ def _run(rollouts, policy_dir, batch, lean: bool):
 
 
 def test_lean_grpo_passes_equal_the_full_logits_passes(rollouts, policy_dir):
-    data = rollouts.data(policy_dir, group_size=4, max_new_tokens=10)
+    data = rollouts.data(policy_dir, group_size=4, sampling={"max_new_tokens": 10})
     sampling = GRPOModule(student=policy_dir)
     sampling.configure_model()
     batch = rollouts.batch(data, sampling)

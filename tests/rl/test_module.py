@@ -18,11 +18,21 @@ def _module(policy_dir, **options) -> GRPOModule:
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"num_iterations": 0}, "model.num_iterations must be an integer >= 1, got 0"),
-        ({"clip_epsilon": 1.0}, r"model.clip_epsilon must be a finite number in \(0, 1\), got 1.0"),
-        ({"clip_epsilon_high": 0.0}, "model.clip_epsilon_high must be None or a finite number > 0, got 0.0"),
-        ({"kl_coef": -0.1}, "model.kl_coef must be a finite number >= 0"),
-        ({"kl_estimator": "exact"}, r"model.kl_estimator must be one of \['k1', 'k2', 'k3'\], got 'exact'"),
+        ({"objective": {"num_iterations": 0}}, "model.objective.num_iterations must be an integer >= 1, got 0"),
+        (
+            {"objective": {"clip_epsilon": 1.0}},
+            r"model.objective.clip_epsilon must be a finite number in \(0, 1\), got 1.0",
+        ),
+        (
+            {"objective": {"clip_epsilon_high": 0.0}},
+            "model.objective.clip_epsilon_high must be None or a finite number > 0, got 0.0",
+        ),
+        ({"objective": {"kl_coef": -0.1}}, "model.objective.kl_coef must be a finite number >= 0"),
+        (
+            {"objective": {"kl_estimator": "exact"}},
+            r"model.objective.kl_estimator must be one of \['k1', 'k2', 'k3'\], got 'exact'",
+        ),
+        ({"objective": {"kl_cof": 0.1}}, r"model.objective has no setting 'kl_cof'; it has \["),
         ({"micro_batch_size": 0}, "model.micro_batch_size must be None or an integer >= 1"),
         ({"student_dtype": "int8"}, "model.student_dtype must be one of"),
     ],
@@ -51,11 +61,11 @@ def test_reference_is_frozen_kept_out_of_optimizer_and_checkpoint(policy_dir):
 
 def test_no_reference_without_kl_or_logging(policy_dir):
     assert _module(policy_dir, log_kl_to_start=False).reference is None
-    assert _module(policy_dir, log_kl_to_start=False, kl_coef=0.1).reference is not None
+    assert _module(policy_dir, log_kl_to_start=False, objective={"kl_coef": 0.1}).reference is not None
 
 
 def _step(rollouts, module, policy_dir, group_size=4):
-    batch = rollouts.batch(rollouts.data(policy_dir, group_size=group_size, max_new_tokens=10), module)
+    batch = rollouts.batch(rollouts.data(policy_dir, group_size=group_size, sampling={"max_new_tokens": 10}), module)
     step = module.prepare(batch)
     # A random policy never solves Countdown: set non-trivial advantages by hand (one group all zero).
     step.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 2.0, -2.0, 0.1, -0.1])
@@ -69,7 +79,7 @@ def _grads(module):
 def test_micro_batches_give_the_same_update_as_one_batch(rollouts, policy_dir):
     grads = {}
     for size in (None, 1, 5):
-        module = _module(policy_dir, micro_batch_size=size, kl_coef=0.1)
+        module = _module(policy_dir, micro_batch_size=size, objective={"kl_coef": 0.1})
         step = _step(rollouts, module, policy_dir)
         module.accumulate_gradients(step, first=True)
         grads[size] = _grads(module)
@@ -82,7 +92,8 @@ def test_micro_batches_give_the_same_update_as_one_batch(rollouts, policy_dir):
 def test_off_policy_pass_matches_an_independent_computation(rollouts, policy_dir, estimator):
     beta, low, high = 0.3, 0.1, 0.15
     module = _module(
-        policy_dir, kl_coef=beta, kl_estimator=estimator, clip_epsilon=low, clip_epsilon_high=high
+        policy_dir,
+        objective={"kl_coef": beta, "kl_estimator": estimator, "clip_epsilon": low, "clip_epsilon_high": high},
     )
     step = _step(rollouts, module, policy_dir)
     module.accumulate_gradients(step, first=True)
@@ -129,7 +140,7 @@ def test_zero_advantages_and_no_penalty_give_no_gradient(rollouts, policy_dir):
     ("options", "match"),
     [
         ({"group_size": 1}, "data.group_size must be >= 2 for GRPO"),
-        ({"group_size": 4, "temperature": 0.0}, "data.temperature must be > 0 for GRPO"),
+        ({"group_size": 4, "sampling": {"temperature": 0.0}}, "data.sampling.temperature must be > 0 for GRPO"),
     ],
 )
 def test_a_batch_of_unusable_sampling_is_refused(rollouts, policy_dir, options, match):
@@ -141,7 +152,7 @@ def test_a_batch_of_unusable_sampling_is_refused(rollouts, policy_dir, options, 
 
 def test_ratios_use_the_temperature_the_batch_was_sampled_at(rollouts, policy_dir):
     module = _module(policy_dir)
-    batch = rollouts.batch(rollouts.data(policy_dir, group_size=2, temperature=0.7), module)
+    batch = rollouts.batch(rollouts.data(policy_dir, group_size=2, sampling={"temperature": 0.7}), module)
     assert batch["temperature"] == 0.7
     step = module.prepare(batch)
     module.accumulate_gradients(step, first=True)
@@ -169,10 +180,9 @@ def _kl_at_step_zero(policy_dir, **options) -> float:
 
     from distill.data import RolloutDataModule
 
-    module = _module(policy_dir, log_text_every=0, **options)
+    module = _module(policy_dir, text_log={"every": 0}, **options)
     data = RolloutDataModule(
-        task="countdown3", batch_size=2, group_size=2, train_size=4, val_size=0, max_new_tokens=8,
-        tokenizer=policy_dir,
+        task="countdown3", batch_size=2, group_size=2, train_size=4, evaluation={"val_size": 0}, sampling={"max_new_tokens": 8}, prompts={"tokenizer": policy_dir},
     )  # fmt: skip
     seen = FirstKL()
     L.Trainer(

@@ -227,16 +227,16 @@ def test_the_module_options_compile_the_models_that_decode(tmp_path, monkeypatch
     from distill.rl import GRPOModule
 
     student, teacher = _save(tmp_path / "s", 1), _save(tmp_path / "t", 2)
-    off = DistillationModule(student, teacher, compile_decoding=True)  # DISTILL_COMPILE=0 (conftest)
+    off = DistillationModule(student, teacher, execution={"compile_decoding": True})  # DISTILL_COMPILE=0 (conftest)
     off.load_models()
     assert compiled_step(off.student) is None and compiled_step(off.teacher) is None
     monkeypatch.delenv("DISTILL_COMPILE")
-    module = DistillationModule(student, teacher, compile_decoding=True)
+    module = DistillationModule(student, teacher, execution={"compile_decoding": True})
     module.load_models()
     assert compiled_step(module.student) is not None and compiled_step(module.teacher) is not None
     plain = DistillationModule(student, teacher)
     plain.load_models()
     assert compiled_step(plain.student) is None and compiled_step(plain.teacher) is None
-    policy = GRPOModule(student, compile_decoding=True)
+    policy = GRPOModule(student, execution={"compile_decoding": True})
     policy.load_models()
     assert compiled_step(policy.student) is not None and compiled_step(policy.reference) is None

@@ -184,8 +184,7 @@ def test_the_datamodule_rolls_out_a_qa_task(char_tok, tiny_student, tiny_teacher
     from distill.data import RolloutDataModule
 
     data = RolloutDataModule(
-        task=SCIQ, test_tasks=[MEDREASON], batch_size=2, train_size=50, val_size=10, test_size=10,
-        eval_batch_size=4, max_new_tokens=6, eval_max_new_tokens=6, mix=0.5,
+        task=SCIQ, evaluation={"test_tasks": [MEDREASON], "val_size": 10, "test_size": 10, "batch_size": 4, "max_new_tokens": 6}, sampling={"max_new_tokens": 6}, batch_size=2, train_size=50, mix=0.5,
     )  # fmt: skip
     data.tokenizer = char_tok
     data.setup("fit")
@@ -220,14 +219,14 @@ def test_distill_fit_runs_on_sciq_and_medreason_files(tiny_world_cache, tmp_path
         "trainer.max_steps": "2",
         "trainer.val_check_interval": "1",
         "data.batch_size": "4",
-        "data.val_size": "8",
-        "data.test_size": "8",
-        "data.eval_batch_size": "8",
-        "data.max_new_tokens": "8",
-        "data.eval_max_new_tokens": "8",
+        "data.evaluation.val_size": "8",
+        "data.evaluation.test_size": "8",
+        "data.evaluation.batch_size": "8",
+        "data.sampling.max_new_tokens": "8",
+        "data.evaluation.max_new_tokens": "8",
         "data.train_size": "13",
         "data.task": SCIQ,
-        "data.test_tasks": json.dumps([SCIQ, MEDREASON]),
+        "data.evaluation.test_tasks": json.dumps([SCIQ, MEDREASON]),
         "run_dir": str(tmp_path / "run"),
     }
     args = [a for key, value in short.items() for a in (f"--{key}", value)]

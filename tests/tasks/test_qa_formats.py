@@ -219,8 +219,7 @@ def test_a_run_logs_the_skipped_rows_of_its_qa_tasks_once(char_tok):
             self.logged.append((dict(metrics), step))
 
     data = RolloutDataModule(
-        task=MEDREASON, test_tasks=[SCIQ, "countdown3"], batch_size=2, train_size=8, val_size=2,
-        test_size=2, eval_batch_size=2, max_new_tokens=4, eval_max_new_tokens=4,
+        task=MEDREASON, evaluation={"test_tasks": [SCIQ, "countdown3"], "val_size": 2, "test_size": 2, "batch_size": 2, "max_new_tokens": 4}, sampling={"max_new_tokens": 4}, batch_size=2, train_size=8,
     )  # fmt: skip
     data.tokenizer, recorder = char_tok, Recorder()
     data.trainer = SimpleNamespace(loggers=[recorder])

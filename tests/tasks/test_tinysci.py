@@ -140,11 +140,11 @@ SHORT = [
     "--trainer.enable_progress_bar", "false",
     "--data.batch_size", "4",
     "--data.train_size", "32",
-    "--data.val_size", "8",
-    "--data.test_size", "8",
-    "--data.eval_batch_size", "16",
-    "--data.max_new_tokens", "12",
-    "--data.eval_max_new_tokens", "12",
+    "--data.evaluation.val_size", "8",
+    "--data.evaluation.test_size", "8",
+    "--data.evaluation.batch_size", "16",
+    "--data.sampling.max_new_tokens", "12",
+    "--data.evaluation.max_new_tokens", "12",
 ]  # fmt: skip
 
 
