@@ -37,7 +37,7 @@ def run(world: str, steps: int, out: Path) -> dict[str, float]:
     """One `distill fit` of `world`'s study config; its wall seconds and `cost/time/*` figures."""
     cmd = [
         sys.executable, "-m", "distill.cli", "fit", "--config", str(CONFIGS[world]),
-        "--trainer.max_steps", str(steps), "--model.optimizer.init_args.lr", "3e-4",
+        "--trainer.max_steps", str(steps), "--model.init_args.optimizer.init_args.lr", "3e-4",
         "--run_dir", str(out),
     ]  # fmt: skip
     start = time.perf_counter()

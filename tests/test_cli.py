@@ -11,6 +11,7 @@ from distill.lightning_cli import expand_bases, run_lightning_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml"))
+EAGER = {Path("configs/tiny/first.yaml")}  # the README's first fit, too short to amortise a compile
 SHORT = [
     "--trainer.max_steps",
     "2",
@@ -53,9 +54,11 @@ def test_every_config_parses(config, capsys, monkeypatch):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["class_path"].startswith("distill.")
     assert printed["model"]["init_args"]["student"]
-    # As shipped, every model compiles (: eager configs gave no speed advantage).
-    assert printed["model"]["init_args"]["execution"]["compile_decoding"] is True
-    assert printed["model"]["init_args"]["execution"]["compile_forwards"] is True
+    # As shipped, every model compiles (eager configs gave no speed advantage), except the README's
+    # first fit: 60 steps do not pay back a compile of 30-90 s.
+    compiled = config not in EAGER
+    assert printed["model"]["init_args"]["execution"]["compile_decoding"] is compiled
+    assert printed["model"]["init_args"]["execution"]["compile_forwards"] is compiled
 
 
 def test_base_includes_deep_merge(tmp_path):

@@ -223,7 +223,6 @@ def test_claims_file_errors_are_one_line(tmp_path, edit, message):
 @pytest.mark.parametrize(
     "doc, tables",
     [
-        ("README.md", ["experiments/claims/v3.yaml beside experiments/claims/v2.yaml"]),
         (
             "docs/study.md",
             ["experiments/claims/v2.yaml", "experiments/claims/v3.yaml beside experiments/claims/v2.yaml"],
@@ -232,9 +231,9 @@ def test_claims_file_errors_are_one_line(tmp_path, edit, message):
     ],
 )
 def test_docs_quote_the_generated_verdict_tables(doc, tables):
-    """README's outcome table (v3's beside v2's), docs/study.md's (v2's; v3's beside v2's) and the
-    LOG's entry of the finished v3 study are what `distill report --claims ...` prints from the
-    committed archives; they are not retyped."""
+    """docs/study.md's outcome tables (v2's; v3's beside v2's) and the LOG's entry of the finished v3
+    study are what `distill report --claims ...` prints from the committed archives; they are not
+    retyped. The README quotes none: it links docs/study.md."""
     from distill.experiments import quoted
 
     text = (quoted.ROOT / doc).read_text()
