@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.sweep import main
+from distill.experiments.run import rundirs
+from distill.experiments.run.sweep import main
 
 NAMES = ["mix=0,seed=0", "mix=0,seed=1", "mix=0.5,seed=0", "mix=0.5,seed=1"]
 
@@ -169,7 +169,7 @@ def test_a_diverged_run_is_archived_when_it_stops(grid_spec, fake_fit, tmp_path,
 def test_a_copy_cut_short_never_reads_as_done_and_the_next_start_completes_it(
     grid_spec, fake_fit, tmp_path, monkeypatch, capsys
 ):
-    from distill.experiments import archive as archive_module
+    from distill.experiments.run import archive as archive_module
 
     dest = tmp_path / "archive"
     real = archive_module.shutil.copyfile
@@ -191,7 +191,7 @@ def test_a_copy_cut_short_never_reads_as_done_and_the_next_start_completes_it(
 def test_report_archive_after_a_fresh_clone_keeps_what_the_archive_holds(
     grid_spec, fake_fit, tmp_path, capsys
 ):
-    from distill.experiments.report import main as report
+    from distill.experiments.report.report import main as report
 
     dest = tmp_path / "archive"
     assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 0
@@ -214,7 +214,7 @@ def test_report_archive_after_a_fresh_clone_keeps_what_the_archive_holds(
 
 
 def test_archive_run_writes_the_done_marker_last(tmp_path, monkeypatch):
-    from distill.experiments import archive as archive_module
+    from distill.experiments.run import archive as archive_module
 
     run = tmp_path / "sweep" / "lr=1e-3"
     (run / "tensorboard").mkdir(parents=True)

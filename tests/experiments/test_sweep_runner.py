@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.sweep import main
+from distill.experiments.run import rundirs
+from distill.experiments.run.sweep import main
 
 NAMES = ["mix=0,seed=0", "mix=0,seed=1", "mix=0.5,seed=0", "mix=0.5,seed=1"]
 
@@ -126,7 +126,7 @@ def test_resume_skips_finished_and_redoes_partial_runs(grid_spec, fake_fit, tmp_
 
 
 def test_prepare_refuses_to_touch_a_finished_run(grid_spec, fake_fit, tmp_path):
-    from distill.experiments.spec import expand, load_spec
+    from distill.experiments.run.spec import expand, load_spec
 
     run = expand(load_spec(grid_spec))[0]
     run.run_dir.mkdir(parents=True)
@@ -180,7 +180,7 @@ def test_only_runs_the_named_run(grid_spec, fake_fit, tmp_path, capsys):
 
 
 def test_children_share_the_cores_unless_told_otherwise(tmp_path, monkeypatch):
-    from distill.experiments.sweep import ROLLOUT_CACHE_ENV, child_env
+    from distill.experiments.run.sweep import ROLLOUT_CACHE_ENV, child_env
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert child_env(tmp_path, jobs=2, cpus=2)["OMP_NUM_THREADS"] == "1"

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from distill.experiments import rundirs
-from distill.experiments.schema import SlurmFields
-from distill.experiments.slurm import OPTION_FLAGS, slurm_options
-from distill.experiments.sweep import main
+from distill.experiments.run import rundirs
+from distill.experiments.run.schema import SlurmFields
+from distill.experiments.run.slurm import OPTION_FLAGS, slurm_options
+from distill.experiments.run.sweep import main
 
 
 def test_emit_slurm_writes_array_script_and_commands(grid_spec, fake_fit, tmp_path, capsys):

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.report import build_report
-from distill.experiments.spec import SpecError, expand, parse_spec
-from distill.experiments.sweep import main
+from distill.experiments.report.report import build_report
+from distill.experiments.run import rundirs
+from distill.experiments.run.spec import SpecError, expand, parse_spec
+from distill.experiments.run.sweep import main
 
 
 def _staged(tmp_path, second=None, **first):

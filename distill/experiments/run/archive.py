@@ -10,7 +10,7 @@ rollout caches. The archive keeps what the report needs and what documents each 
   versions, git revision) and `metrics.json`, copied as they are, plus `curves.csv`: the
   TensorBoard scalars `records.ARCHIVED_TAGS` as `tag,step,value` rows, which `records.read_curves`
   reads when no event files are present;
-- per reference run (`references/<kind>`, `distill.experiments.references`): the same files and its
+- per reference run (`references/<kind>`, `distill.experiments.run.references`): the same files and its
   `test_metrics.json`, no curves (it does not train).
 
 `distill sweep SPEC --archive DEST` archives each run the same way as soon as it finishes, and
@@ -29,13 +29,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from distill.experiments import rundirs
-from distill.experiments.records import ARCHIVED_TAGS, CURVES, read_curves
-from distill.experiments.references import DIRNAME as REFERENCES
-from distill.experiments.references import TEST_METRICS
-from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
-from distill.experiments.spec import Run
-from distill.experiments.sweep_record import SWEEP_RECORD, read_sweep_record
+from distill.experiments.run import rundirs
+from distill.experiments.run.records import ARCHIVED_TAGS, CURVES, read_curves
+from distill.experiments.run.references import DIRNAME as REFERENCES
+from distill.experiments.run.references import TEST_METRICS
+from distill.experiments.run.rundirs import OVERRIDES, SETTINGS, is_run_dir
+from distill.experiments.run.spec import Run
+from distill.experiments.run.sweep_record import SWEEP_RECORD, read_sweep_record
 from distill.rundir import METRICS
 from distill.runinfo import replace_atomic
 

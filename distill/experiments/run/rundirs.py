@@ -13,7 +13,7 @@ changed since (use a new `out` then). An unfinished run resumes from `checkpoint
 there is one; otherwise its partial contents are cleared and it starts afresh. A run directory
 another process holds (its `.lock`, `distill.rundir.RunLock`) is never prepared.
 
-A reference run (`Run.reference`; `distill.experiments.references`) is prepared the same way but
+A reference run (`Run.reference`; `distill.experiments.run.references`) is prepared the same way but
 runs `distill test` (the test prefix) and is finished iff its `test_metrics.json` holds metrics.
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from distill.experiments import references
-from distill.experiments.axes import nest
-from distill.experiments.spec import Run
+from distill.experiments.run import references
+from distill.experiments.run.axes import nest
+from distill.experiments.run.spec import Run
 from distill.rundir import METRICS, RunLock, read_status
 from distill.runinfo import write_text_atomic
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.axes import nest
-from distill.experiments.schema import SpecError
-from distill.experiments.spec import STUDENT_PATH, Run, SweepSpec
+from distill.experiments.run.axes import nest
+from distill.experiments.run.schema import SpecError
+from distill.experiments.run.spec import STUDENT_PATH, Run, SweepSpec
 
 DIRNAME = "references"
 TEST_METRICS = "test_metrics.json"

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from distill.experiments import references, rundirs
-from distill.experiments.archive import archive_run, archived
-from distill.experiments.spec import Run, SweepSpec
+from distill.experiments.run import references, rundirs
+from distill.experiments.run.archive import archive_run, archived
+from distill.experiments.run.spec import Run, SweepSpec
 from distill.rundir import read_metrics, read_status
 from distill.runinfo import write_text_atomic
 

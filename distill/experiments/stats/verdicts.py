@@ -1,9 +1,9 @@
-"""Verdicts by rule: each declared claim (`distill.experiments.claims`) computed from its archive.
+"""Verdicts by rule: each declared claim (`distill.experiments.run.claims`) computed from its archive.
 
 For a claim, runs of side a and side b that agree on every `strata` and `paired` knob form a pair;
 each pair gives a difference (of the metric, of its log, or of its change from the parent run).
 The claim's estimate is the equal-weight mean of the per-stratum mean differences with a t or
-bootstrap interval (`distill.experiments.intervals`). Holm's step-down runs over the family: every
+bootstrap interval (`distill.experiments.stats.intervals`). Holm's step-down runs over the family: every
 claim of the file that is not *not testable* (a claim whose archive has no runs yet counts, with
 p = 1, so that the family is the declared one). The verdict, from the Holm-adjusted interval
 [lo, hi] and the smallest effect of interest s:
@@ -30,14 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from distill.experiments.axes import format_value
-from distill.experiments.claims import Claim, ClaimsError, ClaimsFile
-from distill.experiments.intervals import Estimate, estimate, holm, minimum_detectable
-from distill.experiments.records import RunRecord, load_records
-from distill.experiments.references import load_references
-from distill.experiments.stages import pairs as chained_pairs
-from distill.experiments.stages import read_stages
-from distill.experiments.tables import is_share
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.claims import Claim, ClaimsError, ClaimsFile
+from distill.experiments.run.records import RunRecord, chained_pairs, is_share, load_records, read_stages
+from distill.experiments.run.references import load_references
+from distill.experiments.stats.intervals import Estimate, estimate, holm, minimum_detectable
 
 VERDICTS = ("replicated", "contradicted", "no effect", "unresolved", "not testable", "no runs yet")
 
