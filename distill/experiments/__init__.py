@@ -21,7 +21,7 @@ each imports only those above it here, and none imports torch or Lightning.
 
 - `stats.intervals`: paired-difference intervals (t, bootstrap), strata, Holm, minimum detectable effect;
 - `stats.analysis`: factor importance (eta² per knob with bootstrap intervals);
-- `stats.verdicts`: each declared claim's verdict from its archive;
+- `stats.verdicts`: each declared claim's verdict from its archive (the rule: `decide`);
 - `stats.power`: planning seeds, each claim's minimum detectable effect at the planned specs.
 
 `report`: what `distill report` writes.

@@ -155,7 +155,7 @@ def test_a_failed_parent_fails_its_chained_run_without_starting_it(tmp_path, fak
     out = capsys.readouterr().out
     assert "FAILED grpo/mix=0.5,seed=0 (its parent" in out
     assert not (tmp_path / "runs" / "grpo" / "mix=0.5,seed=0").exists()
-    assert rundirs.is_finished(tmp_path / "runs" / "grpo" / "mix=0,seed=0")
+    assert rundirs.run_state(tmp_path / "runs" / "grpo" / "mix=0,seed=0").finished
 
 
 def test_emit_slurm_refuses_chained_stages(tmp_path, capsys):

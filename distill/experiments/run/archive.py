@@ -155,7 +155,7 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
     archived_dirs = []
     for run_dir in runs:
         target = dest / run_dir.relative_to(sweep_dir)
-        if not rundirs.is_done_dir(run_dir) and rundirs.is_done_dir(target):
+        if not rundirs.run_state(run_dir).done and rundirs.run_state(target).done:
             continue  # finished in the archive, unfinished here (e.g. a fresh clone's partial rerun)
         archived_dirs.append(archive_run(sweep_dir, run_dir, dest))
     return sorted({*archived_dirs, *(p for p in _run_dirs(dest))})
@@ -174,16 +174,19 @@ def served_from_archive(runs: list[Run], sweep_dir: Path, dest: Path) -> list[Ru
     served = {
         run.run_dir
         for run in runs
-        if not rundirs.is_done(run) and rundirs.is_done(archived(run, sweep_dir, dest))
+        if not rundirs.run_state(run).done and rundirs.run_state(archived(run, sweep_dir, dest)).done
     }
 
     def rerun(parent: Path) -> bool:  # a diverged parent would only fail its chained run again
-        return rundirs.is_finished(Path(dest) / parent.relative_to(sweep_dir))
+        return rundirs.run_state(Path(dest) / parent.relative_to(sweep_dir)).finished
 
     while needed := {
         run.after
         for run in runs
-        if run.after in served and run.run_dir not in served and not rundirs.is_done(run) and rerun(run.after)
+        if run.after in served
+        and run.run_dir not in served
+        and not rundirs.run_state(run).done
+        and rerun(run.after)
     }:
         served -= needed
     return [run for run in runs if run.run_dir in served]

@@ -113,9 +113,9 @@ def run_sweep(
         tally.keep = lambda run: keep_in_archive(spec, run, archive_to, progress)
     pending = []
     for run in runs:
-        if rundirs.is_done(run):
+        if rundirs.run_state(run).done:
             result.skipped.append(run.name)
-            if archive_to is not None and not rundirs.is_done(archived(run, spec.out, archive_to)):
+            if archive_to is not None and not rundirs.run_state(archived(run, spec.out, archive_to)).done:
                 tally.keep(run)
         elif run.run_dir in served:
             result.skipped.append(run.name)
@@ -134,7 +134,7 @@ def run_sweep(
             for run in list(pending):  # spec order; a chained run only once its parent finished
                 if len(active) >= jobs:
                     break
-                if run.after is not None and not rundirs.is_finished(run.after):
+                if run.after is not None and not rundirs.run_state(run.after).finished:
                     if run.after in waiting - tally.lost:
                         continue
                     pending.remove(run)
@@ -247,7 +247,7 @@ def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix, archive_
     served = {r.run_dir for r in served_from_archive(runs, spec.out, archive_to)} if archive_to else set()
     try:
         for run in runs:
-            state = "done" if run.run_dir in served else rundirs.state_of(run)
+            state = "done" if run.run_dir in served else rundirs.run_state(run).next
             states["references" if run.reference else "runs"][state] += 1
             cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
             print(f"{state:<6} {run.name}  {shlex.join(cmd)}")
