@@ -113,10 +113,10 @@ sweep-v3-sci: $(READY) ## v3: the knowledge pair, {forward, reverse} x mix {0, 1
 	$(BIN)/distill report experiments/results/v3_sci
 
 plan-v3: $(READY) ## the v3 study's seeds: each declared claim's minimum detectable effect at the planned specs, from v2's spread (seconds)
-	$(BIN)/python -m distill.experiments.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
+	$(BIN)/python -m distill.experiments.stats.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
 
 outcome: $(READY) ## after an archive lands: regenerate the verdicts of every committed report and the tables docs/study.md and the LOG quote (seconds)
-	$(BIN)/python -m distill.experiments.quoted --archives experiments/results docs/study.md experiments/LOG.md
+	$(BIN)/python -m distill.experiments.report.quoted --archives experiments/results docs/study.md experiments/LOG.md
 
 sweep-paper-llama: $(READY) ## the paper grid on Llama-3.1-8B -> Llama-3.2-1B (GPU, hub access)
 	$(BIN)/distill sweep experiments/paper_llama.yaml

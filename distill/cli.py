@@ -12,8 +12,8 @@ import sys
 
 SUBCOMMANDS = {
     "tiny-world": "distill.models.tiny_world",
-    "sweep": "distill.experiments.sweep",
-    "report": "distill.experiments.report",
+    "sweep": "distill.experiments.run.sweep",
+    "report": "distill.experiments.report.report",
 }
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
 USAGE = (

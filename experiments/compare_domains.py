@@ -24,11 +24,10 @@ import argparse
 import math
 from pathlib import Path
 
-from distill.experiments.axes import format_value
-from distill.experiments.effects import contrast
-from distill.experiments.records import RunRecord, load_records
-from distill.experiments.report import importance
-from distill.experiments.tables import is_share
+from distill.experiments.report.effects import contrast
+from distill.experiments.report.report import importance
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.records import RunRecord, is_share, load_records
 
 ROOT = Path(__file__).resolve().parent / "results"
 KNOBS = ("mix", "divergence", "lr")

@@ -19,9 +19,8 @@ import dataclasses
 import math
 from pathlib import Path
 
-from distill.experiments.effects import contrast
-from distill.experiments.records import load_records
-from distill.experiments.tables import is_share
+from distill.experiments.report.effects import contrast
+from distill.experiments.run.records import is_share, load_records
 
 ROOT = Path(__file__).resolve().parent / "results"
 STAGES = ("no_clip", "topk", "longchain")

@@ -218,7 +218,7 @@ class Shell:
 
 def sweep_outs() -> set[Path]:
     """Where the committed and example sweep specs write."""
-    from distill.experiments.spec import load_spec
+    from distill.experiments.run.spec import load_spec
 
     specs = [*(ROOT / "experiments").glob("*.yaml"), *(ROOT / "docs" / "examples").glob("*sweep*.yaml")]
     here = os.getcwd()
@@ -250,9 +250,9 @@ def check_distill(shell: Shell, args: list[str]) -> None:
             shell.made.add(shell.path(rest[rest.index("--run_dir") + 1]))
         return
     if command == "sweep":
-        from distill.experiments import sweep
-        from distill.experiments.fit_env import device_groups
-        from distill.experiments.spec import expand, load_spec
+        from distill.experiments.run import sweep
+        from distill.experiments.run.fit_env import device_groups
+        from distill.experiments.run.spec import expand, load_spec
 
         ns = parsed(sweep.main, rest)
         spec = load_spec(shell.path(str(ns.spec)), out=ns.out)
@@ -265,11 +265,11 @@ def check_distill(shell: Shell, args: list[str]) -> None:
                 shell.made.add(shell.path(str(made)))
         return
     if command == "report":
-        from distill.experiments import report
+        from distill.experiments.report import report
 
         ns = parsed(report.main, rest)
         if ns.claims is not None:  # a claims file: it loads
-            from distill.experiments.claims import load_claims
+            from distill.experiments.run.claims import load_claims
 
             load_claims(shell.path(str(ns.claims)))
         if ns.sweep_dir is None:
@@ -405,7 +405,7 @@ def test_every_yaml_block_is_what_it_says(page, index, lang, body, monkeypatch, 
         assert example.is_file(), f"{_rel(page)} block {index} shows {_rel(example)}, which does not exist"
         assert body == example.read_text(), f"{_rel(page)} block {index} differs from {_rel(example)}"
     if isinstance(data, dict) and "axes" in data:  # a sweep spec
-        from distill.experiments.spec import parse_spec
+        from distill.experiments.run.spec import parse_spec
 
         parse_spec(data, root=ROOT)
     elif isinstance(data, dict) and set(data) <= {"model", "data", "trainer", "seed_everything", "base"}:

@@ -162,8 +162,40 @@ def test_the_checks_see_cycles_and_upward_imports_wherever_the_import_is(tmp_pat
 
 
 def _experiment_modules() -> list[str]:
-    return sorted(module_name(p, PACKAGE) for p in (PACKAGE / "experiments").glob("*.py"))
+    """Every module of `distill.experiments`, its subpackages and their `__init__`s included."""
+    return sorted(module_name(p, PACKAGE) for p in (PACKAGE / "experiments").rglob("*.py"))
 
+
+# `distill.experiments`' subpackages, each importing only those before it (docs/layout.md).
+EXPERIMENT_ORDER = ("run", "stats", "report")
+
+
+def test_experiment_subpackages_import_only_those_before_them():
+    graph = import_graph(PACKAGE)
+    rank = {f"distill.experiments.{sub}": i for i, sub in enumerate(EXPERIMENT_ORDER)}
+
+    def sub_of(module: str) -> str | None:
+        return next((s for s in rank if module == s or module.startswith(s + ".")), None)
+
+    found = {sub_of(m) for m in _experiment_modules()} - {None}
+    assert found == set(rank), f"distill.experiments' subpackages {sorted(found)} vs {sorted(rank)}"
+    bad = sorted(
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        if sub_of(a)
+        for b in targets
+        if sub_of(b) and rank[sub_of(b)] > rank[sub_of(a)]
+    )
+    assert not bad, "imports against distill.experiments' order run < stats < report:\n" + "\n".join(bad)
+
+
+def test_the_experiments_docstring_indexes_every_module():
+    import distill.experiments as experiments
+
+    index = experiments.__doc__ or ""
+    named = [m.removeprefix("distill.experiments.") for m in _experiment_modules() if m.count(".") == 3]
+    missing = [m for m in named if f"`{m}`" not in index]
+    assert not missing, f"distill/experiments/__init__.py's index misses {missing}"
 
 def test_sweep_and_report_code_imports_no_framework():
     frameworks = ["torch", "lightning", "transformers"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.experiments.sweep import main as sweep_main
+from distill.experiments.run.sweep import main as sweep_main
 from distill.lightning_cli import run_lightning_cli
 from distill.tasks.qa_datasets import is_spec, parse_spec
 from distill.tasks.text_datasets import parse_text_spec

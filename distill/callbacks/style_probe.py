@@ -67,7 +67,7 @@ class StyleProbe(L.Callback):
     (`style/teacher_style_share_start`). Before the first update it also measures the teacher's own
     share on the same prompts, the same way (`style/teacher_own_share`, `..._sampled`): what the
     student's share is read against, since a teacher need not write its style every time
-    (`distill.experiments.records.adoption_step`).
+    (`distill.experiments.run.records.adoption_step`).
 
     Args:
         pattern: a regular expression searched in each completion (default: Countdown's teacher

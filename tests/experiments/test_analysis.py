@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from distill.experiments.analysis import eta_squared, factor_importance, summarize
+from distill.experiments.stats.analysis import eta_squared, factor_importance, summarize
 
 
 def _eta_by_hand(y, labels):
@@ -88,7 +88,7 @@ def test_two_seeds_a_cell_intervals_hold_their_estimates(rng_seed):
 def test_residual_draws_have_the_seed_variance():
     # Pure noise of known variance, two runs a cell: the variance-corrected residual pool gives
     # resamples whose within-cell variance matches the data's on average (uncorrected, it is half).
-    from distill.experiments.analysis import _residual_resamples
+    from distill.experiments.stats.analysis import _residual_resamples
 
     rng = np.random.default_rng(0)
     y = rng.normal(size=400)

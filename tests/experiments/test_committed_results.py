@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.experiments.report import main
+from distill.experiments.report.report import main
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 
@@ -21,7 +21,7 @@ def unrendered_plots(monkeypatch):
     """Every figure is still built and laid out, and its file named, but not rendered to PNG (two
     thirds of a report's time; these tests compare the plots' names, tests/experiments/test_report.py
     the rendered files)."""
-    from distill.experiments import plots
+    from distill.experiments.report import plots
 
     def save(fig, path):
         fig.tight_layout()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.experiments.spec import expand, load_spec
+from distill.experiments.run.spec import expand, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "experiments").glob("*.yaml"))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from distill.experiments.effects import contrast, difference_interval, study_contrasts
-from distill.experiments.records import RunRecord
+from distill.experiments.report.effects import contrast, difference_interval, study_contrasts
+from distill.experiments.run.records import RunRecord
 
 
 def _run(value, **settings):
@@ -95,7 +95,7 @@ def test_study_contrasts_follow_the_knobs_present():
 
 
 def test_t_quantile_matches_closed_forms_and_a_large_sample():
-    from distill.experiments.effects import t_quantile
+    from distill.experiments.report.effects import t_quantile
 
     # df 1 is the Cauchy distribution; df 2 has F^-1(p) = (2p - 1) / sqrt(2 p (1 - p))
     for p in (0.8, 0.975, 0.995):
@@ -108,7 +108,7 @@ def test_t_quantile_matches_closed_forms_and_a_large_sample():
 
 
 def test_few_pairs_get_a_t_interval_not_their_range():
-    from distill.experiments.effects import MIN_BOOTSTRAP_PAIRS, t_quantile
+    from distill.experiments.report.effects import MIN_BOOTSTRAP_PAIRS, t_quantile
 
     a, b = np.array([3.0, 5.0]), np.array([1.0, 2.0])  # differences 2 and 3
     point, low, high = difference_interval(a, b, True, 2000, 0.95, 0)

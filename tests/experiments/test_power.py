@@ -1,4 +1,4 @@
-"""Planning seeds (`distill.experiments.power`): the pooled spread against a direct computation,
+"""Planning seeds (`distill.experiments.stats.power`): the pooled spread against a direct computation,
 the planned MDE against a simulation of the study's own estimator, the planned pairs from a spec."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from distill.experiments.claims import Claim, ClaimsError
-from distill.experiments.intervals import estimate, minimum_detectable
-from distill.experiments.power import planned_mde, planned_pairs, pooled_sd
-from distill.experiments.spec import parse_spec
+from distill.experiments.run.claims import Claim, ClaimsError
+from distill.experiments.run.spec import parse_spec
+from distill.experiments.stats.intervals import estimate, minimum_detectable
+from distill.experiments.stats.power import planned_mde, planned_pairs, pooled_sd
 
 
 def test_the_pooled_spread_removes_each_stratums_mean():
@@ -81,8 +81,8 @@ def test_the_planned_pairs_follow_the_claims_own_pairing():
 def test_a_plan_reads_the_pilots_spread_and_the_specs_runs(tmp_path, capsys):
     """End to end: a pilot archive (3 seeds) and a planned spec (8 seeds); a claim the pilot has
     borrows its spread, and the printed MDE is the planned one at Holm's last level."""
-    from distill.experiments.claims import load_claims
-    from distill.experiments.power import main, plan
+    from distill.experiments.run.claims import load_claims
+    from distill.experiments.stats.power import main, plan
 
     from .test_verdicts import _archive, _claims
 
@@ -115,7 +115,7 @@ def test_docs_quote_the_generated_v3_plan(capsys):
     retype it."""
     from pathlib import Path
 
-    from distill.experiments.power import main
+    from distill.experiments.stats.power import main
 
     root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "study.md").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from distill.experiments.tally import Progress
+from distill.experiments.run.tally import Progress
 
 
 class Clock:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.references import load_references, model_option, reference_runs
-from distill.experiments.report import main as report_main
-from distill.experiments.spec import SpecError, expand, parse_spec
-from distill.experiments.sweep import main
+from distill.experiments.report.report import main as report_main
+from distill.experiments.run import rundirs
+from distill.experiments.run.references import load_references, model_option, reference_runs
+from distill.experiments.run.spec import SpecError, expand, parse_spec
+from distill.experiments.run.sweep import main
 
 GRID = ["mix=0,seed=3", "mix=0.5,seed=3", "mix=0,seed=1", "mix=0.5,seed=1"]
 
@@ -230,7 +230,7 @@ def test_report_shows_the_references_as_rows_notes_and_lines(
     kept = sorted(p.name for p in (tmp_path / "archive" / "references" / "teacher").iterdir())
     assert kept == ["overrides.yaml", "settings.json", "test_metrics.json"]
 
-    from distill.experiments import plots
+    from distill.experiments.report import plots
 
     legends = {}
 
@@ -265,7 +265,7 @@ def test_report_without_references_says_so_in_one_line(grid_spec, fake_fit, tmp_
 def test_reference_lines_in_validation_accuracy_curves(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    from distill.experiments import plots
+    from distill.experiments.report import plots
 
     refs = {"start": {"test/countdown3/accuracy": 0.2}, "teacher": {"test/countdown3/accuracy": 0.7}}
     ax = Figure().subplots()
@@ -343,8 +343,8 @@ def test_real_references_with_distill_test_on_the_quick_tiny_world(tiny_world_ca
 
 
 def test_a_metric_the_teacher_does_not_beat_the_start_on_says_so_instead_of_counting():
-    from distill.experiments.records import RunRecord
-    from distill.experiments.tables import pivot
+    from distill.experiments.report.tables import pivot
+    from distill.experiments.run.records import RunRecord
 
     metric = "test/countdown5/accuracy"
     records = [RunRecord(f"r{m}", Path("."), True, {"mix": m}, {metric: 0.0}) for m in (0, 1)]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
-from distill.experiments.records import load_records
-from distill.experiments.report import importance, main
-from distill.experiments.spec import run_name
+from distill.experiments.report.report import importance, main
+from distill.experiments.run.records import load_records
+from distill.experiments.run.spec import run_name
 
 DIVS = ["forward_kl", "reverse_kl", "jsd"]
 BASE_ACC = {"forward_kl": 0.2, "reverse_kl": 0.5, "jsd": 0.35}
@@ -200,7 +200,7 @@ def test_training_curves_from_tensorboard_events(sweep, tmp_path):
             writer.add_scalar("train/forward_kl", 2.0 / (1 + step), step)
             writer.add_scalar("train/reverse_kl", 1.0 / (1 + step), step)
         writer.close()
-    from distill.experiments.records import read_curves
+    from distill.experiments.run.records import read_curves
 
     steps, values = read_curves(run_dir)["train/forward_kl"]
     assert steps == list(range(0, 50, 5)) and values[2] == pytest.approx(2.0 / 11)
@@ -311,8 +311,8 @@ def test_within_divergence_importance_names_the_planted_knob(sweep, tmp_path):
 
 
 def test_importance_section_names_its_resampling():
-    from distill.experiments.analysis import Importance, Share
-    from distill.experiments.report import _importance_section
+    from distill.experiments.report.report import _importance_section
+    from distill.experiments.stats.analysis import Importance, Share
 
     def imp(resampling):
         share = Share(0.04, 0.01, 0.06)
@@ -324,8 +324,8 @@ def test_importance_section_names_its_resampling():
 
 
 def test_gradient_plot_has_a_column_per_learning_rate_so_bars_are_seed_spread(tmp_path, monkeypatch):
-    from distill.experiments import plots
-    from distill.experiments.records import RunRecord
+    from distill.experiments.report import plots
+    from distill.experiments.run.records import RunRecord
 
     metric = "grad/logit_sq_norm"
     records = [
@@ -362,7 +362,7 @@ def test_the_archive_keeps_the_style_course_and_the_report_derives_the_adoption_
     teacher's own share, or 1.0 for runs that did not record it: v2's rule of a fixed 0.5)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from distill.experiments.records import STYLE_ADOPTION, load_records
+    from distill.experiments.run.records import STYLE_ADOPTION, load_records
 
     finished = [p for p in sorted(sweep.iterdir()) if p.name.startswith("divergence=")]
     adopted, never, graded = [p for p in finished if (p / "metrics.json").read_text().endswith("}")][:3]
@@ -400,8 +400,8 @@ def test_the_archive_keeps_the_style_course_and_the_report_derives_the_adoption_
 def test_a_multiple_choice_accuracy_table_states_the_chance_level():
     from pathlib import Path
 
-    from distill.experiments.records import RunRecord
-    from distill.experiments.tables import chance_line
+    from distill.experiments.report.tables import chance_line
+    from distill.experiments.run.records import RunRecord
 
     def record(i, metrics):
         return RunRecord(f"r{i}", Path(f"r{i}"), True, {}, metrics)
@@ -418,7 +418,7 @@ def test_a_multiple_choice_accuracy_table_states_the_chance_level():
 
 
 def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
-    from distill.experiments.records import RunRecord, metric_names, trained_task
+    from distill.experiments.run.records import RunRecord, metric_names, trained_task
 
     def records(task):
         out = []
@@ -466,6 +466,6 @@ def test_the_headline_test_set_is_the_trained_task_outside_countdown(tmp_path):
     ],
 )
 def test_fractions_are_shown_in_percent_and_nothing_else(metric, share):
-    from distill.experiments.tables import is_share
+    from distill.experiments.run.records import is_share
 
     assert is_share(metric) is share

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.sweep import main
+from distill.experiments.run import rundirs
+from distill.experiments.run.sweep import main
 
 NAMES = ["mix=0,seed=0", "mix=0,seed=1", "mix=0.5,seed=0", "mix=0.5,seed=1"]
 
@@ -47,7 +47,7 @@ def test_finished_runs_are_archived_and_a_fresh_checkout_runs_only_the_rest(
     out = capsys.readouterr().out
     assert f"3 run(s) already finished (3 of them in {dest}), skipped" in out
     assert [_calls(tmp_path / "runs" / name) for name in NAMES] == [0, 0, 0, 1]
-    assert rundirs.is_finished(dest / NAMES[3])
+    assert rundirs.run_state(dest / NAMES[3]).finished
 
 
 def test_runs_finished_before_archiving_are_archived_at_the_start(grid_spec, fake_fit, tmp_path, capsys):
@@ -55,7 +55,7 @@ def test_runs_finished_before_archiving_are_archived_at_the_start(grid_spec, fak
     dest = tmp_path / "archive"
     assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 0
     assert [_calls(tmp_path / "runs" / name) for name in NAMES] == [1, 1, 1, 1]  # nothing ran again
-    assert all(rundirs.is_finished(dest / name) for name in NAMES)
+    assert all(rundirs.run_state(dest / name).finished for name in NAMES)
 
 
 def test_dry_run_counts_archived_runs_as_done(grid_spec, fake_fit, tmp_path, capsys):
@@ -116,7 +116,7 @@ def test_a_chained_run_still_to_run_gets_its_archived_parent_run_again(tmp_path,
     assert main([str(spec), "--archive", str(dest)], fit_prefix=fake_fit) == 0
     assert _calls(out / "distill" / "mix=0.5") == 1 and _calls(out / "grpo" / "mix=0.5") == 1
     assert _calls(out / "distill" / "mix=0") == 0 and _calls(out / "grpo" / "mix=0") == 0
-    assert rundirs.is_finished(dest / "grpo" / "mix=0.5")
+    assert rundirs.run_state(dest / "grpo" / "mix=0.5").finished
 
 
 def test_an_archive_of_another_spec_or_base_config_is_refused(grid_spec, fake_fit, tmp_path, capsys):
@@ -163,13 +163,13 @@ def test_a_diverged_run_is_archived_when_it_stops(grid_spec, fake_fit, tmp_path,
     assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 1
     assert "DIVERGED" in capsys.readouterr().out
     assert json.loads((dest / NAMES[2] / "metrics.json").read_text())["status"] == "diverged"
-    assert all(rundirs.is_finished(dest / name) for name in NAMES if name != NAMES[2])
+    assert all(rundirs.run_state(dest / name).finished for name in NAMES if name != NAMES[2])
 
 
 def test_a_copy_cut_short_never_reads_as_done_and_the_next_start_completes_it(
     grid_spec, fake_fit, tmp_path, monkeypatch, capsys
 ):
-    from distill.experiments import archive as archive_module
+    from distill.experiments.run import archive as archive_module
 
     dest = tmp_path / "archive"
     real = archive_module.shutil.copyfile
@@ -182,16 +182,16 @@ def test_a_copy_cut_short_never_reads_as_done_and_the_next_start_completes_it(
     monkeypatch.setattr(archive_module.shutil, "copyfile", fail_on_metrics)
     assert main([str(grid_spec), "--only", NAMES[0], "--archive", str(dest)], fit_prefix=fake_fit) == 0
     assert "could not archive mix=0,seed=0" in capsys.readouterr().out
-    assert (dest / NAMES[0] / "settings.json").is_file() and not rundirs.is_done_dir(dest / NAMES[0])
+    assert (dest / NAMES[0] / "settings.json").is_file() and not rundirs.run_state(dest / NAMES[0]).done
     monkeypatch.undo()
     assert main([str(grid_spec), "--only", NAMES[0], "--archive", str(dest)], fit_prefix=fake_fit) == 0
-    assert _calls(tmp_path / "runs" / NAMES[0]) == 1 and rundirs.is_finished(dest / NAMES[0])
+    assert _calls(tmp_path / "runs" / NAMES[0]) == 1 and rundirs.run_state(dest / NAMES[0]).finished
 
 
 def test_report_archive_after_a_fresh_clone_keeps_what_the_archive_holds(
     grid_spec, fake_fit, tmp_path, capsys
 ):
-    from distill.experiments.report import main as report
+    from distill.experiments.report.report import main as report
 
     dest = tmp_path / "archive"
     assert main([str(grid_spec), "--archive", str(dest)], fit_prefix=fake_fit) == 0
@@ -201,7 +201,9 @@ def test_report_archive_after_a_fresh_clone_keeps_what_the_archive_holds(
     (partial / "settings.json").write_text((dest / NAMES[1] / "settings.json").read_text())
     shutil.copyfile(dest / "sweep.json", tmp_path / "runs" / "sweep.json")
     assert report([str(tmp_path / "runs"), "--archive", str(dest), "--no-plots", "--n-boot", "10"]) == 0
-    assert all(rundirs.is_finished(dest / name) for name in NAMES)  # nothing replaced by the partial run
+    assert all(
+        rundirs.run_state(dest / name).finished for name in NAMES
+    )  # nothing replaced by the partial run
     from_sweep = (dest / "report" / "report.md").read_text().splitlines()
     # the same report as one from an archive written in one go by `distill report SWEEP --archive`
     assert main([str(grid_spec), "--out", str(tmp_path / "again")], fit_prefix=fake_fit) == 0
@@ -214,7 +216,7 @@ def test_report_archive_after_a_fresh_clone_keeps_what_the_archive_holds(
 
 
 def test_archive_run_writes_the_done_marker_last(tmp_path, monkeypatch):
-    from distill.experiments import archive as archive_module
+    from distill.experiments.run import archive as archive_module
 
     run = tmp_path / "sweep" / "lr=1e-3"
     (run / "tensorboard").mkdir(parents=True)
@@ -232,7 +234,9 @@ def test_archive_run_writes_the_done_marker_last(tmp_path, monkeypatch):
         pass
     target = tmp_path / "dest" / "lr=1e-3"
     assert (target / "settings.json").is_file()
-    assert not rundirs.is_done_dir(target) and not (target / "curves.csv").exists()
+    assert not rundirs.run_state(target).done and not (target / "curves.csv").exists()
     monkeypatch.undo()
     archive_module.archive_run(tmp_path / "sweep", run, tmp_path / "dest")
-    assert rundirs.is_finished(target) and (target / "curves.csv").read_text().startswith("tag,step,value")
+    assert rundirs.run_state(target).finished and (target / "curves.csv").read_text().startswith(
+        "tag,step,value"
+    )

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.spec import expand, parse_spec
+from distill.experiments.run import rundirs
+from distill.experiments.run.spec import expand, parse_spec
 
 BASE = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "base.yaml"
 

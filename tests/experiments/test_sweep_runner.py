@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.sweep import main
+from distill.experiments.run import rundirs
+from distill.experiments.run.sweep import main
 
 NAMES = ["mix=0,seed=0", "mix=0,seed=1", "mix=0.5,seed=0", "mix=0.5,seed=1"]
 
@@ -86,7 +86,7 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on(grid_spec, fake_fit, tmp
     assert f"FAILED mix=0,seed=1 (exit code 3); log: {log}" in out
     assert "3 finished now, 0 skipped (finished before), 1 failed" in out
     assert "boom" in log.read_text()
-    assert [rundirs.is_finished(tmp_path / "runs" / n) for n in NAMES] == [True, False, True, True]
+    assert [rundirs.run_state(tmp_path / "runs" / n).finished for n in NAMES] == [True, False, True, True]
 
 
 def test_resume_skips_finished_and_redoes_partial_runs(grid_spec, fake_fit, tmp_path, capsys):
@@ -120,13 +120,13 @@ def test_resume_skips_finished_and_redoes_partial_runs(grid_spec, fake_fit, tmp_
     assert len(calls) == 2 and calls[0]["ckpt"] is None
     assert calls[1]["ckpt"] == str(with_ckpt / "checkpoints" / "last.ckpt")
     assert (with_ckpt / "checkpoints" / "last.ckpt").read_text() == "weights"
-    assert all(rundirs.is_finished(runs / n) for n in NAMES)
+    assert all(rundirs.run_state(runs / n).finished for n in NAMES)
     overrides = yaml.safe_load((truncated / "overrides.yaml").read_text())
     assert overrides == {"trainer": {"max_steps": 60}, "data": {"mix": 0.5}, "seed_everything": 0}
 
 
 def test_prepare_refuses_to_touch_a_finished_run(grid_spec, fake_fit, tmp_path):
-    from distill.experiments.spec import expand, load_spec
+    from distill.experiments.run.spec import expand, load_spec
 
     run = expand(load_spec(grid_spec))[0]
     run.run_dir.mkdir(parents=True)
@@ -153,12 +153,12 @@ def test_killed_sweep_process_stops_its_fits_and_resumes(grid_spec, fake_fit, tm
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Rerun the same command to resume" in output
     time.sleep(1.0)  # an orphaned fit would finish within this
-    finished = [rundirs.is_finished(tmp_path / "runs" / n) for n in NAMES]
+    finished = [rundirs.run_state(tmp_path / "runs" / n).finished for n in NAMES]
     assert finished == [True, False, False, False]  # the fit in flight was stopped with the sweep
     mtime = first.stat().st_mtime_ns
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert all(rundirs.is_finished(tmp_path / "runs" / n) for n in NAMES)
+    assert all(rundirs.run_state(tmp_path / "runs" / n).finished for n in NAMES)
     assert first.stat().st_mtime_ns == mtime
     assert len(_invocations(tmp_path / "runs" / NAMES[0])) == 1
 
@@ -174,13 +174,13 @@ def test_bad_spec_fails_before_anything_runs(tmp_path, fake_fit, capsys):
 
 def test_only_runs_the_named_run(grid_spec, fake_fit, tmp_path, capsys):
     assert main([str(grid_spec), "--only", NAMES[2]], fit_prefix=fake_fit) == 0
-    assert [rundirs.is_finished(tmp_path / "runs" / n) for n in NAMES] == [False, False, True, False]
+    assert [rundirs.run_state(tmp_path / "runs" / n).finished for n in NAMES] == [False, False, True, False]
     assert main([str(grid_spec), "--only", "mix=9"], fit_prefix=fake_fit) == 2
     assert "no run named mix=9" in capsys.readouterr().err
 
 
 def test_children_share_the_cores_unless_told_otherwise(tmp_path, monkeypatch):
-    from distill.experiments.sweep import ROLLOUT_CACHE_ENV, child_env
+    from distill.experiments.run.sweep import ROLLOUT_CACHE_ENV, child_env
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert child_env(tmp_path, jobs=2, cpus=2)["OMP_NUM_THREADS"] == "1"

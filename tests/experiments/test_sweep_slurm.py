@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from distill.experiments import rundirs
-from distill.experiments.schema import SlurmFields
-from distill.experiments.slurm import OPTION_FLAGS, slurm_options
-from distill.experiments.sweep import main
+from distill.experiments.run import rundirs
+from distill.experiments.run.schema import SlurmFields
+from distill.experiments.run.slurm import OPTION_FLAGS, slurm_options
+from distill.experiments.run.sweep import main
 
 
 def test_emit_slurm_writes_array_script_and_commands(grid_spec, fake_fit, tmp_path, capsys):
@@ -43,9 +43,9 @@ def test_emit_slurm_writes_array_script_and_commands(grid_spec, fake_fit, tmp_pa
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "setup-ran" in done.stdout
-    finished = [rundirs.is_finished(d) for d in sorted((tmp_path / "runs").glob("mix=*"))]
+    finished = [rundirs.run_state(d).finished for d in sorted((tmp_path / "runs").glob("mix=*"))]
     assert finished == [True]
-    assert rundirs.is_finished(tmp_path / "runs" / "mix=0.5,seed=0")
+    assert rundirs.run_state(tmp_path / "runs" / "mix=0.5,seed=0").finished
     again = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "1 skipped (finished before)" in again.stdout
     env["SLURM_ARRAY_TASK_ID"] = "4"

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
-from distill.experiments.spec import (
+from distill.experiments.run.spec import (
     DIVERGENCES,
     SHORTHANDS,
     SpecError,
@@ -172,8 +172,8 @@ def test_spec_fields_keep_their_types_and_the_slurm_section_as_written(tmp_path)
 
 
 def test_the_format_reference_names_every_declared_key():
-    from distill.experiments import spec as module
-    from distill.experiments.schema import SpecFields, StageFields
+    from distill.experiments.run import spec as module
+    from distill.experiments.run.schema import SpecFields, StageFields
 
     for cls in (SpecFields, StageFields):
         for field in dataclasses.fields(cls):
@@ -213,7 +213,7 @@ def test_run_names_are_stable_safe_and_bounded():
 
 
 def test_docstring_documents_every_shorthand_and_divergence():
-    from distill.experiments import spec as module
+    from distill.experiments.run import spec as module
 
     for name, shorthand in SHORTHANDS.items():
         assert f"    {name} " in module.__doc__ and shorthand.path in module.__doc__

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.experiments import rundirs
-from distill.experiments.report import build_report
-from distill.experiments.spec import SpecError, expand, parse_spec
-from distill.experiments.sweep import main
+from distill.experiments.report.report import build_report
+from distill.experiments.run import rundirs
+from distill.experiments.run.spec import SpecError, expand, parse_spec
+from distill.experiments.run.sweep import main
 
 
 def _staged(tmp_path, second=None, **first):
@@ -155,7 +155,7 @@ def test_a_failed_parent_fails_its_chained_run_without_starting_it(tmp_path, fak
     out = capsys.readouterr().out
     assert "FAILED grpo/mix=0.5,seed=0 (its parent" in out
     assert not (tmp_path / "runs" / "grpo" / "mix=0.5,seed=0").exists()
-    assert rundirs.is_finished(tmp_path / "runs" / "grpo" / "mix=0,seed=0")
+    assert rundirs.run_state(tmp_path / "runs" / "grpo" / "mix=0,seed=0").finished
 
 
 def test_emit_slurm_refuses_chained_stages(tmp_path, capsys):

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.experiments.analysis import factor_importance
-from distill.experiments.claims import ClaimsError, load_claims
-from distill.experiments.intervals import estimate, holm
-from distill.experiments.verdicts import evaluate
+from distill.experiments.run.claims import ClaimsError, load_claims
+from distill.experiments.stats.analysis import factor_importance
+from distill.experiments.stats.intervals import estimate, holm
+from distill.experiments.stats.verdicts import evaluate
 
 
 def _coverage(draw, truth, studies, **options):
@@ -234,7 +234,7 @@ def test_docs_quote_the_generated_verdict_tables(doc, tables):
     """docs/study.md's outcome tables (v2's; v3's beside v2's) and the LOG's entry of the finished v3
     study are what `distill report --claims ...` prints from the committed archives; they are not
     retyped. The README quotes none: it links docs/study.md."""
-    from distill.experiments import quoted
+    from distill.experiments.report import quoted
 
     text = (quoted.ROOT / doc).read_text()
     assert [m["head"] for m in quoted.BLOCK.finditer(text)] == [f"<!-- verdicts: {t} -->" for t in tables]
@@ -244,7 +244,7 @@ def test_docs_quote_the_generated_verdict_tables(doc, tables):
 def test_committed_reports_carry_the_current_verdicts(capsys):
     """Every committed report's verdicts are those of the whole family as it stands: an archive that
     lands without `make outcome` leaves the others' adjusted intervals behind."""
-    from distill.experiments import quoted
+    from distill.experiments.report import quoted
 
     assert quoted.main(["--archives", str(quoted.ROOT / "experiments" / "results"), "--check"]) == 0, (
         capsys.readouterr().out
@@ -252,11 +252,11 @@ def test_committed_reports_carry_the_current_verdicts(capsys):
 
 
 def test_a_stale_quoted_table_is_found_and_regenerated(tmp_path, capsys, monkeypatch):
-    """`python -m distill.experiments.quoted FILE` (`make outcome`): a block that no longer says what
+    """`python -m distill.experiments.report.quoted FILE` (`make outcome`): a block that no longer says what
     the archives give (still empty; its claim moved to another archive) is named by `--check`, which
     exits 1 and rewrites nothing, and regenerated without it; a file without a block, or with a
     head whose end is missing, is an error and is left as it was."""
-    from distill.experiments import quoted
+    from distill.experiments.report import quoted
 
     monkeypatch.setattr(quoted, "ROOT", tmp_path)
     _archive(tmp_path / "results", "up", lambda mix, lr, seed: 0.4 + 0.1 * (mix == 0) + 0.004 * seed * mix)
@@ -290,8 +290,8 @@ def test_an_archive_that_lands_refreshes_the_verdicts_of_the_reports_already_the
     archive's committed report is stale (its adjusted interval moves). `make outcome`
     (`quoted --archives DIR`) names it under `--check` without writing, and regenerates exactly what
     a fresh `distill report` writes."""
-    from distill.experiments import quoted
-    from distill.experiments.report import main as report
+    from distill.experiments.report import quoted
+    from distill.experiments.report.report import main as report
 
     results = tmp_path / "results"
     _archive(results, "up", lambda mix, lr, seed: 0.4 + 0.05 * (mix == 0) + 0.01 * seed * mix)
@@ -335,7 +335,7 @@ def test_an_archive_that_lands_refreshes_the_verdicts_of_the_reports_already_the
 def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, capsys):
     """`distill report --claims NEW --beside OLD`: one row per claim of NEW with OLD's verdict of the
     same id (or of the id `was` names); claims only OLD declares come last; each file its own family."""
-    from distill.experiments.report import main
+    from distill.experiments.report.report import main
 
     _archive(
         tmp_path / "old" / "results", "up", lambda mix, lr, seed: 0.4 + 0.1 * (mix == 0) + 0.004 * seed * mix
@@ -375,7 +375,7 @@ def test_outcome_table_puts_each_claim_beside_its_earlier_verdict(tmp_path, caps
     [["--beside", "old.yaml"], ["sweep", "--claims", "new.yaml", "--beside", "old.yaml"]],
 )
 def test_beside_needs_claims_and_no_sweep(argv, capsys):
-    from distill.experiments.report import main
+    from distill.experiments.report.report import main
 
     assert main(argv) == 2
     assert "--beside EARLIER needs --claims FILE and no SWEEP_DIR" in capsys.readouterr().err

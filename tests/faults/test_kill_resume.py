@@ -344,7 +344,7 @@ def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(extra, reason,
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 4 and all(t.isfinite().all() for t in ckpt["state_dict"].values())
 
-    from distill.experiments.records import run_problem
+    from distill.experiments.run.records import run_problem
 
     assert run_problem(run, record) == f"diverged: {record['reason']}"
 

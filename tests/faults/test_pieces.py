@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from distill.data.order import ResumableShuffle
 from distill.errors import Diverged
-from distill.experiments.records import load_records, run_problem
+from distill.experiments.run.records import load_records, run_problem
 from distill.run_record import AtomicCheckpointIO
 from distill.rundir import RunDirError, RunLock, config_changes, finite_metrics
 from distill.training import NonFiniteGuard, check_optimizer
@@ -216,7 +216,7 @@ def test_report_records_say_why_a_run_is_left_out(tmp_path):
 
 
 def test_report_lists_left_out_runs_with_their_reasons(tmp_path, capsys):
-    from distill.experiments.report import main as report_main
+    from distill.experiments.report.report import main as report_main
 
     sweep = tmp_path / "sweep"
     for i, acc in enumerate([0.2, 0.4]):
@@ -239,8 +239,8 @@ def test_lock_is_exclusive_across_processes_and_dies_with_its_holder(tmp_path, h
 
 
 def test_sweep_never_prepares_a_run_directory_another_process_holds(tmp_path):
-    from distill.experiments import rundirs
-    from distill.experiments.spec import Run
+    from distill.experiments.run import rundirs
+    from distill.experiments.run.spec import Run
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

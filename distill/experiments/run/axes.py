@@ -1,4 +1,4 @@
-"""Axes of a sweep spec (the format: `distill.experiments.spec`): the shorthand names, the one
+"""Axes of a sweep spec (the format: `distill.experiments.run.spec`): the shorthand names, the one
 check of their values, canonical names and config paths, and the names of runs.
 
 The values a shorthand takes are named in `distill.names` (divergences, granularities,
@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from distill.checks import is_int, is_number
-from distill.experiments.schema import SpecError, SpecFields, field_error
+from distill.experiments.run.schema import SpecError, SpecFields, field_error
 from distill.names import PATH_TO_SHORTHAND, SHORTHANDS
 
 ROOTS = ("trainer", "model", "data")

@@ -1,5 +1,5 @@
 """The verdict table of `distill report`: which claims file applies to a sweep, and the claims'
-verdicts (`distill.experiments.verdicts`) as markdown and JSON.
+verdicts (`distill.experiments.stats.verdicts`) as markdown and JSON.
 
 A sweep's claims file is named in its `sweep.json` (`"claims": "experiments/claims/v2.yaml"`,
 relative to the repository root: the first ancestor of the sweep directory that holds the path)
@@ -15,13 +15,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from distill.experiments import sweep_record
-from distill.experiments.axes import format_value
-from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_claims
-from distill.experiments.intervals import Estimate
-from distill.experiments.sweep_record import read_sweep_record
-from distill.experiments.tables import is_share
-from distill.experiments.verdicts import Verdict, evaluate, stage_dir
+from distill.experiments.run import sweep_record
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.claims import Claim, ClaimsError, ClaimsFile, load_claims
+from distill.experiments.run.records import is_share
+from distill.experiments.run.sweep_record import read_sweep_record
+from distill.experiments.stats.intervals import Estimate
+from distill.experiments.stats.verdicts import Verdict, evaluate, stage_dir
 
 CLAIMS_KEY = "claims"
 _FAMILIES: dict[tuple, list[Verdict]] = {}  # one evaluation per claims file and sweep directories
@@ -175,6 +175,8 @@ def intro(claims: ClaimsFile, name: str, size: int) -> list[str]:
         "strata of the mean paired difference a − b. Interval: Student's t below 10 pairs a stratum "
         "(Welch–Satterthwaite df over strata), a stratified percentile bootstrap from 10 on, at the level "
         f"Holm's step-down tests the claim in the family of {size} testable claims "
+        # The committed reports and the docs quote this sentence byte for byte, so it keeps the
+        # verdicts' short dotted name; the module is distill.experiments.stats.verdicts.
         f"(family-wise {100 * claims.level:.4g} %). Verdicts by rule (`distill.experiments.verdicts`, "
         "docs/study.md): replicated, contradicted, no effect, unresolved (with the minimum detectable "
         "effect at 80 % power), not testable.",

@@ -1,4 +1,4 @@
-"""The markdown tables of `distill report` (`distill.experiments.report`): metric pivots by two
+"""The markdown tables of `distill report` (`distill.experiments.report.report`): metric pivots by two
 knobs with the reference rows, side effects by knob, the references note, and cost.
 
 Cells are mean ± sample std (n runs) over seeds and over every knob not shown (pooled). Shares
@@ -10,13 +10,12 @@ or coverage table is bold.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
-from distill.experiments.analysis import summarize
-from distill.experiments.axes import format_value
-from distill.experiments.records import RunRecord
-from distill.experiments.references import LABELS
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.records import RunRecord, is_share
+from distill.experiments.run.references import LABELS
+from distill.experiments.stats.analysis import summarize
 
 SIDE_EFFECTS = (
     "forgetting/mean_delta",
@@ -34,16 +33,6 @@ COST = ("cost/flops", "cost/wall_s", "cost/teacher_generated_tokens", "cost/stud
 ROW, COL, LR = "divergence", "mix", "lr"
 
 Axis = tuple[str, list[Any]]
-
-
-# Fractions in [0, 1] (or their differences) shown in percent.
-SHARES = re.compile(
-    r"/accuracy$|/pass@\d+$|^style/teacher_(?:style|own)_share(?:_sampled|_start)?$|^forgetting/|^sparsity/(?!relative_update_norm)"
-)
-
-
-def is_share(metric: str) -> bool:
-    return bool(SHARES.search(metric))
 
 
 def num(value: float) -> str:

@@ -1,5 +1,5 @@
 """Reading a sweep directory back: one record per run (settings + metrics), `runs.csv`, TB curves
-(the sweep's own `sweep.json`: `distill.experiments.sweep_record`).
+(the sweep's own `sweep.json`: `distill.experiments.run.sweep_record`).
 
 A run directory is any direct subdirectory of the sweep directory holding `settings.json`,
 `metrics.json` or `overrides.yaml`. Knob values come from `settings.json` (written by the sweep
@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.axes import canonical_axis, format_value
-from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
-from distill.experiments.schema import SpecError
-from distill.experiments.sweep_record import read_sweep_record
+from distill.experiments.run.axes import canonical_axis, format_value
+from distill.experiments.run.rundirs import OVERRIDES, SETTINGS, is_run_dir
+from distill.experiments.run.schema import SpecError
+from distill.experiments.run.sweep_record import read_sweep_record
 from distill.names import DIVERGENCE_CLASSES as DIVERGENCES
 from distill.names import PATH_TO_SHORTHAND
 from distill.rundir import METRICS, flatten, read_metrics
@@ -66,8 +66,18 @@ STYLE_ADOPTION = "style/adoption_step"
 # teacher-es, the only style teacher of those runs, wrote its style always (share 1.0 in its
 # quality.json), so half of it is the fixed 0.5 those reports used.
 UNRECORDED_TEACHER_SHARE = 1.0
-CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.archive), without event files
+CURVES = "curves.csv"  # the curves of an archived run (distill.experiments.run.archive), without event files
 _CLASS_TO_DIVERGENCE = {path: name for name, path in DIVERGENCES.items()}
+
+
+# Fractions in [0, 1] (or their differences) shown in percent.
+SHARES = re.compile(
+    r"/accuracy$|/pass@\d+$|^style/teacher_(?:style|own)_share(?:_sampled|_start)?$|^forgetting/|^sparsity/(?!relative_update_norm)"
+)
+
+
+def is_share(metric: str) -> bool:
+    return bool(SHARES.search(metric))
 
 
 @dataclass
@@ -189,6 +199,26 @@ def load_records(sweep_dir: Path) -> list[RunRecord]:
                 metrics[STYLE_ADOPTION] = float(step)
         records.append(RunRecord(run_dir.name, run_dir, finished, _settings(run_dir, data), metrics, problem))
     return records
+
+
+def read_stages(sweep_dir: Path) -> list[dict[str, Any]] | None:
+    """The `stages` list of a sweep directory's `sweep.json`, or None for a single-stage sweep."""
+    stages = read_sweep_record(sweep_dir).get("stages")
+    return stages if isinstance(stages, list) and stages else None
+
+
+def _parent(record: RunRecord) -> str | None:
+    try:
+        after = json.loads((record.run_dir / SETTINGS).read_text()).get("after")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return after.get("run") if isinstance(after, dict) else None
+
+
+def chained_pairs(parents: list[RunRecord], children: list[RunRecord]) -> list[tuple[RunRecord, RunRecord]]:
+    """(parent, chained run) for every finished chained run whose parent finished."""
+    by_name = {r.name: r for r in parents if r.finished}
+    return [(by_name[_parent(c)], c) for c in children if c.finished and _parent(c) in by_name]
 
 
 def _sort_key(value: Any) -> tuple:

@@ -11,40 +11,24 @@ stage's reference runs (the start and the teacher) are the references of every s
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distill.experiments.analysis import summarize
-from distill.experiments.axes import format_value
-from distill.experiments.records import (
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.records import (
     REPLICATE,
     RunRecord,
+    chained_pairs,
     headline_order,
     knob_values,
     load_records,
 )
-from distill.experiments.rundirs import SETTINGS
-from distill.experiments.sweep_record import read_sweep_record
+from distill.experiments.stats.analysis import summarize
 
 PREFERRED = ("divergence", "mix")
-
-
-def read_stages(sweep_dir: Path) -> list[dict[str, Any]] | None:
-    """The `stages` list of a sweep directory's `sweep.json`, or None for a single-stage sweep."""
-    stages = read_sweep_record(sweep_dir).get("stages")
-    return stages if isinstance(stages, list) and stages else None
-
-
-def _parent(record: RunRecord) -> str | None:
-    try:
-        after = json.loads((record.run_dir / SETTINGS).read_text()).get("after")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return after.get("run") if isinstance(after, dict) else None
 
 
 def _spread(std: float) -> float:
@@ -65,12 +49,6 @@ def _signed(values: list[float]) -> str:
     if n == 0:
         return "—"
     return f"{100 * mean:+.1f} ({n})" if n == 1 else f"{100 * mean:+.1f} ± {100 * _spread(std):.1f} ({n})"
-
-
-def pairs(parents: list[RunRecord], children: list[RunRecord]) -> list[tuple[RunRecord, RunRecord]]:
-    """(parent, chained run) for every finished chained run whose parent finished."""
-    by_name = {r.name: r for r in parents if r.finished}
-    return [(by_name[_parent(c)], c) for c in children if c.finished and _parent(c) in by_name]
 
 
 def before_after(
@@ -134,7 +112,7 @@ def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, 
     the rollout policy's advantage (or deficit) persist through the chained stage? Each side is an
     `effects.contrast` (paired by every other setting; a chained run inherits its parent's
     settings, so a stage with its own axes pairs per value of them)."""
-    from distill.experiments.effects import MIN_BOOTSTRAP_PAIRS, contrast, policy_side
+    from distill.experiments.report.effects import MIN_BOOTSTRAP_PAIRS, contrast, policy_side
 
     mixes = sorted(knobs.get("mix", []))
     if len(mixes) < 2:
@@ -159,6 +137,8 @@ def _persistence(matched, knobs: dict[str, list], sets: list[str], before: str, 
     if not rows:
         return []
     header = ["within"] + [f"{s} {when}" for s in sets for when in (before, after)]
+    # The committed reports print the effects' short dotted name as below (byte for byte); the
+    # module is distill.experiments.report.effects.
     return [
         f"### mix={format_value(mixes[0])} − mix={format_value(mixes[-1])} ({policy_side(mixes[0], mixes[-1])}) "
         "before and after",
@@ -199,7 +179,7 @@ def build_staged_report(
     lines.append("")
     for stage in stages:
         if stage.get("after"):
-            matched = pairs(records[stage["after"]], records[stage["name"]])
+            matched = chained_pairs(records[stage["after"]], records[stage["name"]])
             lines += before_after(stage["after"], stage["name"], matched, sweep_dir)
     (out / "report.md").write_text("\n".join(lines))
     return out / "report.md"

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from distill.experiments import references, rundirs
-from distill.experiments.archive import archive_run, archived
-from distill.experiments.spec import Run, SweepSpec
-from distill.rundir import read_metrics, read_status
+from distill.experiments.run import references, rundirs
+from distill.experiments.run.archive import archive_run, archived
+from distill.experiments.run.spec import Run, SweepSpec
+from distill.rundir import read_metrics
 from distill.runinfo import write_text_atomic
 
 
@@ -174,7 +174,7 @@ class Tally:
 
     def exited(self, run: Run, code: int, log_path: Path) -> None:
         """Record a fit (or a reference's test) that exited with `code`."""
-        finished = code == 0 and rundirs.is_done(run)
+        finished = code == 0 and rundirs.run_state(run).done
         self.progress.end(run.name, finished)
         if finished:
             self.result.finished.append(run.name)
@@ -185,7 +185,7 @@ class Tally:
             return
         if code == 0:  # exited cleanly but never wrote a finished metrics.json
             code = -1
-        if read_status(run.run_dir) == "diverged":  # a result too: archived like a finished run
+        if rundirs.run_state(run).status == "diverged":  # a result too: archived like a finished run
             if self.keep is not None:
                 self.keep(run)
             reason = (read_metrics(run.run_dir) or {}).get("reason", "")
@@ -201,7 +201,7 @@ def keep_in_archive(spec: SweepSpec, run: Run, dest: Path, progress: Progress) -
     parent run again: the committed record stays). A failure is reported and the sweep goes on:
     the run stays done in the sweep directory, its archived copy not, so the next start archives
     it (`archive_run` writes the files that mark it done last)."""
-    if rundirs.is_done(archived(run, spec.out, dest)):
+    if rundirs.run_state(archived(run, spec.out, dest)).done:
         return
     try:
         archive_run(spec.out, run.run_dir, dest)

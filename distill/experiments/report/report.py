@@ -1,6 +1,6 @@
 """`distill report SWEEP_DIR [--out DIR] [--archive DEST]`: tables, plots and factor importance of a sweep.
 
-Reads every run's `metrics.json` and settings (see `distill.experiments.records`) and writes,
+Reads every run's `metrics.json` and settings (see `distill.experiments.run.records`) and writes,
 into `--out` (default `SWEEP_DIR/report`):
 
 - `runs.csv`: one row per run: run, finished, the knob columns, then the metric columns;
@@ -9,7 +9,7 @@ into `--out` (default `SWEEP_DIR/report`):
   the first knobs that do); forgetting, update sparsity
   and style by learning rate and by every other knob; factor importance (for each outcome the
   share of variance explained by each knob's main effect, eta², with bootstrap intervals, plus
-  the interaction and seed shares; see `distill.experiments.analysis`), and the same within each
+  the interaction and seed shares; see `distill.experiments.stats.analysis`), and the same within each
   divergence; cost per run and per accuracy point; the plots;
 - `plots/*.png`: heatmaps divergence x mix, curves against learning rate, accuracy against mix
   per divergence with seed error bars, and training curves of the KLs and of validation accuracy
@@ -17,7 +17,7 @@ into `--out` (default `SWEEP_DIR/report`):
   neither).
 
 The sweep's reference runs (`references/start` and `references/teacher`, see
-`distill.experiments.references`) are rows `start (step 0)` and `teacher` in every accuracy and
+`distill.experiments.run.references`) are rows `start (step 0)` and `teacher` in every accuracy and
 coverage table, with a note of how many cells end above the start (and reach the teacher), and
 horizontal lines in the accuracy-vs-knob plots and the validation-accuracy training curves. They are
 not runs of the grid: not in `runs.csv`, the run counts or the factor analysis. A sweep without
@@ -25,12 +25,12 @@ them (e.g. an older archive) gets one line saying so.
 
 `--archive DEST` first copies the committable part of the sweep into DEST (settings, resolved
 configs, environments, metrics and curves; no checkpoints or event files; see
-`distill.experiments.archive`) and then writes the report from DEST (into `DEST/report` unless
+`distill.experiments.run.archive`) and then writes the report from DEST (into `DEST/report` unless
 `--out` is given), so `distill report DEST` regenerates it from a git checkout.
 
 A staged sweep (`stages:` in the spec) gets `report.md` with a link to each stage's report
 (`<stage>/report.md`, as above) and a before/after section per chained stage (accuracy of each
-parent run and of the run chained from it, by divergence x mix; see `distill.experiments.stages`).
+parent run and of the run chained from it, by divergence x mix; see `distill.experiments.report.stages`).
 
 Cells are mean ± sample std (n runs) over seeds and over every knob not shown, which is
 pooled (averaged over); each table says which. Knobs with a single value are constants and are
@@ -46,25 +46,26 @@ import re
 import sys
 from pathlib import Path
 
-from distill.experiments import stages, tables, verdict_table
-from distill.experiments.analysis import N_BOOT, Importance, factor_importance
-from distill.experiments.archive import ArchiveError, archive
-from distill.experiments.axes import format_value
-from distill.experiments.claims import ClaimsError
-from distill.experiments.effects import effect_metrics, effects_section
-from distill.experiments.records import (
+from distill.experiments.report import stages, tables, verdict_table
+from distill.experiments.report.effects import effect_metrics, effects_section
+from distill.experiments.report.tables import COL, GRADIENT, LR, ROW, SIDE_EFFECTS, table_axes
+from distill.experiments.run.archive import ArchiveError, archive
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.claims import ClaimsError
+from distill.experiments.run.records import (
     CURVE_TAGS,
     REPLICATE,
     RunRecord,
     knob_values,
     load_records,
     metric_names,
+    read_stages,
     write_csv,
 )
-from distill.experiments.references import DIRNAME as REFERENCES
-from distill.experiments.references import load_references
-from distill.experiments.sweep_record import sweep_name
-from distill.experiments.tables import COL, GRADIENT, LR, ROW, SIDE_EFFECTS, table_axes
+from distill.experiments.run.references import DIRNAME as REFERENCES
+from distill.experiments.run.references import load_references
+from distill.experiments.run.sweep_record import sweep_name
+from distill.experiments.stats.analysis import N_BOOT, Importance, factor_importance
 
 
 def _share(share) -> str:
@@ -147,7 +148,7 @@ def _importance_section(results: list[Importance], factors: list[str]) -> list[s
 
 
 def _plots(records, factors, metrics, accuracy_metrics, out: Path, references=None) -> list[Path]:
-    from distill.experiments import plots
+    from distill.experiments.report import plots
 
     out.mkdir(parents=True, exist_ok=True)
     row, col = table_axes(factors)
@@ -267,16 +268,16 @@ def build_report(
     claims: tuple[Path, str] | None = None,
 ) -> Path:
     """Write runs.csv, report.md and plots/ for a sweep directory; returns the report.md path.
-    A staged sweep gets one report per stage and a before/after section (`distill.experiments.stages`).
+    A staged sweep gets one report per stage and a before/after section (`distill.experiments.report.stages`).
     `references_from`: the directory whose `references/` to compare with (default `sweep_dir`; a
     chained stage uses the first stage's). `claims`: (path, name) of the claims file whose verdicts
-    head the report (`distill.experiments.verdict_table`)."""
+    head the report (`distill.experiments.report.verdict_table`)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out) if out is not None else sweep_dir / "report"
     verdicts = (
         verdict_table.section(sweep_dir, sweep_name(sweep_dir), *claims, out) if claims is not None else []
     )
-    staged = stages.read_stages(sweep_dir)
+    staged = read_stages(sweep_dir)
     if staged:
         path = stages.build_staged_report(
             sweep_dir, out, staged, build_report, n_boot=n_boot, with_plots=with_plots

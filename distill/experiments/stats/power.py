@@ -1,7 +1,7 @@
 """Seeds before a study: each declared claim's minimum detectable effect (MDE) at a planned design,
 from a pilot study's spread.
 
-    python -m distill.experiments.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
+    python -m distill.experiments.stats.power experiments/claims/v3.yaml --pilot experiments/claims/v2.yaml
 
 The **pilot** is an earlier study with a claims file of the same claim ids (v2's archives plan
 v3's study). For each claim, its paired differences' spread within strata: every stratum's own
@@ -12,7 +12,7 @@ logs), and the table says so.
 
 The **plan** is the sweep spec of each archive a claim reads (`--specs`: the `*.yaml` files of a
 directory, matched by their `name:`). Its runs, paired by the claim's own rule
-(`distill.experiments.verdicts`), give the pairs of every stratum; the staged archive
+(`distill.experiments.stats.verdicts`), give the pairs of every stratum; the staged archive
 `sweep/stage` reads that stage's runs.
 
 The MDE is what `verdicts` reports for an unresolved claim, computed ahead: (t_{1−α/2} + t_power)
@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from distill.experiments.claims import Claim, ClaimsError, ClaimsFile, load_claims
-from distill.experiments.intervals import minimum_detectable
-from distill.experiments.records import RunRecord
-from distill.experiments.schema import SpecError
-from distill.experiments.spec import SweepSpec, expand, load_spec
+from distill.experiments.run.claims import Claim, ClaimsError, ClaimsFile, load_claims
+from distill.experiments.run.records import RunRecord
+from distill.experiments.run.schema import SpecError
+from distill.experiments.run.spec import SweepSpec, expand, load_spec
+from distill.experiments.stats.intervals import minimum_detectable
 
 __all__ = ["Plan", "main", "plan", "planned_mde", "planned_pairs", "pooled_sd"]
 
@@ -69,7 +69,7 @@ def planned_mde(sd: float, pairs: list[int], level: float, power: float = 0.8) -
 def planned_pairs(claim: Claim, spec: SweepSpec) -> list[int]:
     """Pairs per stratum of `claim` among the runs `spec` plans (the claim's pairing rule applied
     to the planned settings)."""
-    from distill.experiments.verdicts import _pairs  # the rule itself, not a copy of it
+    from distill.experiments.stats.verdicts import _pairs  # the rule itself, not a copy of it
 
     stage = claim.archive.partition("/")[2] or None
     runs = [r for r in expand(spec) if r.reference is None and r.stage == stage]
@@ -94,7 +94,7 @@ class Plan:
 
 
 def _pilot_spreads(pilot: ClaimsFile) -> dict[str, float]:
-    from distill.experiments.verdicts import evaluate
+    from distill.experiments.stats.verdicts import evaluate
 
     out = {}
     for v in evaluate(pilot):
@@ -173,7 +173,7 @@ def table(rows: list[Plan], level: float, power: float = 0.8) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m distill.experiments.power", description=__doc__.split("\n\n")[0]
+        prog="python -m distill.experiments.stats.power", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("claims", type=Path, help="the planned study's claims file")
     parser.add_argument("--pilot", type=Path, required=True, help="a finished study's claims file (same ids)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.config_bases import expand_bases
-from distill.experiments.spec import Run, SweepSpec
+from distill.experiments.run.spec import Run, SweepSpec
 from distill.runinfo import write_json_atomic
 
 SWEEP_RECORD = "sweep.json"

@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from distill.experiments.axes import nest
-from distill.experiments.schema import SpecError
-from distill.experiments.spec import STUDENT_PATH, Run, SweepSpec
+from distill.experiments.run.axes import nest
+from distill.experiments.run.schema import SpecError
+from distill.experiments.run.spec import STUDENT_PATH, Run, SweepSpec
 
 DIRNAME = "references"
 TEST_METRICS = "test_metrics.json"
@@ -126,13 +126,9 @@ def reference_runs(spec: SweepSpec) -> tuple[list[Run], list[str]]:
     return runs, notes
 
 
-def is_done(run_dir: Path) -> bool:
-    """A reference is finished iff its `test_metrics.json` parses and holds a `metrics` mapping."""
-    return read(run_dir) is not None
-
-
 def read(run_dir: Path) -> dict[str, float] | None:
-    """The finite numeric test metrics of a reference, or None when it has not finished."""
+    """The finite numeric test metrics of a reference, or None when it has not finished (its
+    `test_metrics.json` does not parse or holds no `metrics` mapping)."""
     try:
         data = json.loads((Path(run_dir) / TEST_METRICS).read_text())
     except (OSError, ValueError):

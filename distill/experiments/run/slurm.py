@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from distill.experiments.schema import SlurmFields, parse_fields
-from distill.experiments.spec import Run, SweepSpec
+from distill.experiments.run.schema import SlurmFields, parse_fields
+from distill.experiments.run.spec import Run, SweepSpec
 
 OPTION_FLAGS = {  # spec key -> sbatch option
     "partition": "--partition",

@@ -11,9 +11,10 @@ finished or diverged (`"status": "diverged"`: the non-finite guard stopped it, a
 would diverge again). Done runs are never touched, even when the spec's fixed overrides have
 changed since (use a new `out` then). An unfinished run resumes from `checkpoints/last.ckpt` when
 there is one; otherwise its partial contents are cleared and it starts afresh. A run directory
-another process holds (its `.lock`, `distill.rundir.RunLock`) is never prepared.
+another process holds (its `.lock`, `distill.rundir.RunLock`) is never prepared. `run_state` answers
+which of these a run (or a directory) is in.
 
-A reference run (`Run.reference`; `distill.experiments.references`) is prepared the same way but
+A reference run (`Run.reference`; `distill.experiments.run.references`) is prepared the same way but
 runs `distill test` (the test prefix) and is finished iff its `test_metrics.json` holds metrics.
 """
 
@@ -22,13 +23,14 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from distill.experiments import references
-from distill.experiments.axes import nest
-from distill.experiments.spec import Run
+from distill.experiments.run import references
+from distill.experiments.run.axes import nest
+from distill.experiments.run.spec import Run
 from distill.rundir import METRICS, RunLock, read_status
 from distill.runinfo import write_text_atomic
 
@@ -53,39 +55,41 @@ def is_run_dir(path: Path) -> bool:
     return any((Path(path) / name).exists() for name in (SETTINGS, METRICS, OVERRIDES))
 
 
-def is_finished(run_dir: Path) -> bool:
-    return read_status(run_dir) == "finished"
+@dataclass(frozen=True)
+class RunState:
+    """What a run directory holds, as far as running it goes (`run_state`)."""
+
+    reference: bool  # a reference run: evaluation only, nothing to resume
+    status: str | None  # a fit's `metrics.json` status; a reference's "finished" once it has test metrics
+    checkpoint: Path | None  # a fit's resume checkpoint, `checkpoints/last.ckpt`, when there is one
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def done(self) -> bool:
+        """Finished or diverged: never run again, never rewritten."""
+        return self.status in DONE
+
+    @property
+    def next(self) -> str:
+        """'done', 'resume' (a fit with a checkpoint) or 'todo' (a fresh start)."""
+        return "done" if self.done else "resume" if self.checkpoint is not None else "todo"
 
 
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    ckpt = Path(run_dir) / LAST_CKPT
-    return ckpt if ckpt.is_file() else None
-
-
-def run_state(run_dir: Path) -> str:
-    """'done' (finished or diverged), 'resume' (has last.ckpt) or 'todo' (fresh start)."""
-    if read_status(run_dir) in DONE:
-        return "done"
-    return "resume" if resume_checkpoint(run_dir) else "todo"
-
-
-def is_done(run: Run) -> bool:
-    """Whether a run of the sweep, a fit or a reference, has finished."""
-    return references.is_done(run.run_dir) if run.reference else read_status(run.run_dir) in DONE
-
-
-def is_done_dir(run_dir: Path) -> bool:
-    """`is_done` by path alone: a directory under `references/` is a reference run."""
-    if Path(run_dir).parent.name == references.DIRNAME:
-        return references.is_done(run_dir)
-    return read_status(run_dir) in DONE
-
-
-def state_of(run: Run) -> str:
-    """`run_state` of a fit; 'done' or 'todo' of a reference (evaluation only: nothing to resume)."""
-    if run.reference:
-        return "done" if references.is_done(run.run_dir) else "todo"
-    return run_state(run.run_dir)
+def run_state(run: Run | Path) -> RunState:
+    """The state of a run of the sweep or of its directory: finished, done, resumable. Given a
+    path alone, a directory under `references/` is a reference run."""
+    if isinstance(run, Run):
+        run_dir, reference = Path(run.run_dir), bool(run.reference)
+    else:
+        run_dir = Path(run)
+        reference = run_dir.parent.name == references.DIRNAME
+    if reference:
+        return RunState(True, "finished" if references.read(run_dir) is not None else None, None)
+    ckpt = run_dir / LAST_CKPT
+    return RunState(False, read_status(run_dir), ckpt if ckpt.is_file() else None)
 
 
 def command(
@@ -120,7 +124,7 @@ def fit_command(
     for path in run.base if run.base is not None else base:
         cmd += ["--config", str(path)]
     cmd += ["--config", str(run.run_dir / OVERRIDES), "--run_dir", str(run.run_dir)]
-    ckpt = resume_checkpoint(run.run_dir)
+    ckpt = run_state(run).checkpoint
     if ckpt is not None:
         cmd += ["--ckpt_path", str(ckpt)]
     return cmd
@@ -132,11 +136,11 @@ def prepare_run_dir(run: Run, sweep_name: str) -> str:
     Refuses (ValueError) to touch a finished run. Without a resume checkpoint every partial
     file is removed first, so a fresh start never sees leftovers of a killed attempt."""
     run_dir = run.run_dir
-    if is_done(run):
+    if run_state(run).done:
         raise ValueError(f"run {run.name!r} is done; its directory {run_dir} is never rewritten")
     if run_dir.exists():  # another process (an orphaned fit, a second sweep) owns it: touch nothing
         RunLock(run_dir, what=f"run {run.name!r}: its directory").acquire().release()
-    state = "resume" if resume_checkpoint(run_dir) and not run.reference else "todo"
+    state = run_state(run).next
     if state == "todo" and run_dir.exists():
         for child in run_dir.iterdir():
             if child.is_dir() and not child.is_symlink():

@@ -78,7 +78,7 @@ without training, exactly as every run's final student is tested (`distill test`
 base configs and fixed overrides: same test tasks, test problems and TaskEvaluation settings):
 `start`, the untouched student, and `teacher`, the teacher in the student's place (`model.student`
 set to the config's `model.teacher`, loaded with its `teacher_dtype`). The report shows them as
-rows and reference lines (`distill.experiments.references`). `references: false` turns them off;
+rows and reference lines (`distill.experiments.run.references`). `references: false` turns them off;
 a list such as `[start]` keeps some (and fails when the teacher is listed but the config names
 none; with `true`, a config without a teacher, e.g. GRPO, simply gets no teacher reference). With
 stages they belong to the first stage. They are not runs of the grid: not in `expand`, not in the
@@ -86,9 +86,9 @@ factor analysis. An axis that changes how runs are tested or which models they s
 `model.teacher`, `data.test_size`) leaves no single reference, and is refused unless
 `references: false`.
 
-The keys, stage entries and the `slurm:` section are declared in `distill.experiments.schema`
+The keys, stage entries and the `slurm:` section are declared in `distill.experiments.run.schema`
 (dataclasses whose types jsonargparse checks), the shorthands and the checks of their values in
-`distill.experiments.axes`. The whole spec, `slurm:` included, is checked before anything runs;
+`distill.experiments.run.axes`. The whole spec, `slurm:` included, is checked before anything runs;
 an error names the field, the value and what it must be.
 """
 
@@ -99,7 +99,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distill.experiments.axes import (
+from distill.experiments.run.axes import (
     check_axes_vs_overrides,
     config_path,
     config_value,
@@ -109,8 +109,8 @@ from distill.experiments.axes import (
     parse_overrides,
     run_name,
 )
-from distill.experiments.claims import ClaimsError, load_claims
-from distill.experiments.schema import (
+from distill.experiments.run.claims import ClaimsError, load_claims
+from distill.experiments.run.schema import (
     REFERENCE_KINDS,
     SpecError,
     SpecFields,
@@ -163,7 +163,7 @@ class Run:
     In a staged spec: `base` is the stage's configs (None: the spec's), `stage` its name, and
     `after` the parent run's directory (the run starts once the parent has finished).
     `reference` ('start' or 'teacher') marks an evaluation-only reference run (`distill test`, no
-    settings; `distill.experiments.references`), which is never part of the grid."""
+    settings; `distill.experiments.run.references`), which is never part of the grid."""
 
     name: str
     run_dir: Path
@@ -200,7 +200,7 @@ class SweepSpec:
     # spec named them in a list (so a missing teacher is an error, not a skip).
     references: tuple[str, ...] = REFERENCE_KINDS
     references_listed: bool = False
-    # The claims file (`distill.experiments.claims`) whose verdicts head the report, as written.
+    # The claims file (`distill.experiments.run.claims`) whose verdicts head the report, as written.
     claims: str | None = None
 
 

@@ -5,14 +5,14 @@
     <!-- end verdicts -->
 
 holds exactly what `distill report --claims CLAIMS [--beside EARLIER]` prints (paths relative to
-the repository root). After an archive lands, `python -m distill.experiments.quoted FILE...`
+the repository root). After an archive lands, `python -m distill.experiments.report.quoted FILE...`
 (`make outcome`) rewrites the blocks; `--check` rewrites nothing and exits 1 naming each stale
 block (a docs test checks docs/study.md the same way), so a quoted table is never retyped or left
 behind its archives. A head this format does not match, or one without its end, is an error.
 
 Holm's family is a whole claims file, so an archive that lands also moves the adjusted intervals in
 the reports of the archives already there: `--archives experiments/results` regenerates their
-verdicts too (`distill.experiments.verdict_table.refreshed`), and `--check` names the stale ones."""
+verdicts too (`distill.experiments.report.verdict_table.refreshed`), and `--check` names the stale ones."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ import re
 import sys
 from pathlib import Path
 
-from distill.experiments import verdict_table
-from distill.experiments.claims import ClaimsError
+from distill.experiments.report import verdict_table
+from distill.experiments.run.claims import ClaimsError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(
     r"(?P<head><!-- verdicts: (?P<claims>\S+)(?: beside (?P<earlier>\S+))? -->)\n"
     r"(?P<body>(?:(?!<!-- verdicts:).)*?)\n?<!-- end verdicts -->",
@@ -57,7 +57,7 @@ def refresh(text: str, root: Path = ROOT) -> tuple[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m distill.experiments.quoted", description=__doc__.split("\n\n")[0]
+        prog="python -m distill.experiments.report.quoted", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files holding verdict blocks")
     parser.add_argument(
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         stale_anywhere |= bool(stale)
     if args.check and stale_anywhere:
         print(
-            "regenerate with `make outcome` (python -m distill.experiments.quoted [--archives DIR] FILE...)",
+            "regenerate with `make outcome` (python -m distill.experiments.report.quoted [--archives DIR] FILE...)",
             file=sys.stderr,
         )
         return 1

@@ -1,7 +1,7 @@
-"""`distill sweep SPEC`: run every fit of a sweep spec, resumably (spec format: `distill.experiments.spec`).
+"""`distill sweep SPEC`: run every fit of a sweep spec, resumably (spec format: `distill.experiments.run.spec`).
 
 Finished (and diverged) runs are skipped; a killed run resumes from its `checkpoints/last.ckpt` or restarts
-afresh (see `distill.experiments.rundirs`). Each fit runs as a subprocess with its output in
+afresh (see `distill.experiments.run.rundirs`). Each fit runs as a subprocess with its output in
 `<run_dir>/fit.log` and `DISTILL_ROLLOUT_CACHE=<out>/rollout_cache`, so teacher rollouts are
 shared across runs. A failed run is reported and the sweep goes on; the exit code is 1 if any
 run failed. In a staged spec a chained run waits until its parent has finished; when the parent
@@ -9,7 +9,7 @@ fails (or is not part of this invocation and unfinished), the chained run fails 
 
 Unless the spec says `references: false`, the sweep also tests, once, the untouched student
 (`references/start`) and the teacher in the student's place (`references/teacher`) with
-`distill test`, as every run's final student is tested (`distill.experiments.references`); they
+`distill test`, as every run's final student is tested (`distill.experiments.run.references`); they
 run first, are listed by `--dry-run`, skipped once finished, and are not counted as runs of the grid.
 
 `--devices 0,1,2,3 --jobs 2` gives each running fit its own GPUs: the list is cut into `jobs` equal
@@ -17,7 +17,7 @@ groups (here 0,1 and 2,3) and a fit starts with `CUDA_VISIBLE_DEVICES` set to a 
 running fit holds; its config's `trainer.devices` should match the group's size.
 
 `--archive DEST` keeps the committable part of each run in DEST as soon as it finishes
-(`distill.experiments.archive`; runs finished before are archived at the start) and skips the runs
+(`distill.experiments.run.archive`; runs finished before are archived at the start) and skips the runs
 DEST already holds finished. Commit DEST as the sweep goes, and a sweep cut short resumes from a
 fresh checkout, where the sweep directory (checkpoints, gigabytes) is gone; `distill report DEST`
 reads the archive.
@@ -36,26 +36,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from distill.experiments import rundirs
-from distill.experiments import spec as spec_module
-from distill.experiments.archive import (
+from distill.experiments.run import rundirs
+from distill.experiments.run import spec as spec_module
+from distill.experiments.run.archive import (
     ArchiveError,
     archived,
     check_destination,
     copy_records,
     served_from_archive,
 )
-from distill.experiments.fit_env import (  # noqa: F401 (ROLLOUT_CACHE_ENV re-exported)
+from distill.experiments.run.fit_env import (  # noqa: F401 (ROLLOUT_CACHE_ENV re-exported)
     ROLLOUT_CACHE_ENV,
     check_tiny_world,
     child_env,
     device_groups,
 )
-from distill.experiments.references import reference_runs
-from distill.experiments.slurm import add_slurm_arguments, slurm_options, write_slurm
-from distill.experiments.spec import Run, SpecError, SweepSpec, expand, load_spec
-from distill.experiments.sweep_record import spec_fingerprint, write_sweep_record
-from distill.experiments.tally import Progress, SweepResult, Tally, keep_in_archive
+from distill.experiments.run.references import reference_runs
+from distill.experiments.run.slurm import add_slurm_arguments, slurm_options, write_slurm
+from distill.experiments.run.spec import Run, SpecError, SweepSpec, expand, load_spec
+from distill.experiments.run.sweep_record import spec_fingerprint, write_sweep_record
+from distill.experiments.run.tally import Progress, SweepResult, Tally, keep_in_archive
 from distill.rundir import RunDirError, RunLock
 
 POLL_S = 0.1
@@ -113,9 +113,9 @@ def run_sweep(
         tally.keep = lambda run: keep_in_archive(spec, run, archive_to, progress)
     pending = []
     for run in runs:
-        if rundirs.is_done(run):
+        if rundirs.run_state(run).done:
             result.skipped.append(run.name)
-            if archive_to is not None and not rundirs.is_done(archived(run, spec.out, archive_to)):
+            if archive_to is not None and not rundirs.run_state(archived(run, spec.out, archive_to)).done:
                 tally.keep(run)
         elif run.run_dir in served:
             result.skipped.append(run.name)
@@ -134,7 +134,7 @@ def run_sweep(
             for run in list(pending):  # spec order; a chained run only once its parent finished
                 if len(active) >= jobs:
                     break
-                if run.after is not None and not rundirs.is_finished(run.after):
+                if run.after is not None and not rundirs.run_state(run.after).finished:
                     if run.after in waiting - tally.lost:
                         continue
                     pending.remove(run)
@@ -179,10 +179,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distill sweep",
         description=__doc__,
-        epilog="Sweep spec format (distill.experiments.spec):\n" + (spec_module.__doc__ or ""),
+        epilog="Sweep spec format (distill.experiments.run.spec):\n" + (spec_module.__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("spec", type=Path, help="sweep spec YAML (format: pydoc distill.experiments.spec)")
+    parser.add_argument(
+        "spec", type=Path, help="sweep spec YAML (format: pydoc distill.experiments.run.spec)"
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="print 'STATE NAME COMMAND' per run; run nothing"
     )
@@ -245,7 +247,7 @@ def _dry_run(spec: SweepSpec, runs: list[Run], fit_prefix, test_prefix, archive_
     served = {r.run_dir for r in served_from_archive(runs, spec.out, archive_to)} if archive_to else set()
     try:
         for run in runs:
-            state = "done" if run.run_dir in served else rundirs.state_of(run)
+            state = "done" if run.run_dir in served else rundirs.run_state(run).next
             states["references" if run.reference else "runs"][state] += 1
             cmd = rundirs.command(run, spec.base, fit_prefix, test_prefix)
             print(f"{state:<6} {run.name}  {shlex.join(cmd)}")

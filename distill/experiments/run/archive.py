@@ -10,7 +10,7 @@ rollout caches. The archive keeps what the report needs and what documents each 
   versions, git revision) and `metrics.json`, copied as they are, plus `curves.csv`: the
   TensorBoard scalars `records.ARCHIVED_TAGS` as `tag,step,value` rows, which `records.read_curves`
   reads when no event files are present;
-- per reference run (`references/<kind>`, `distill.experiments.references`): the same files and its
+- per reference run (`references/<kind>`, `distill.experiments.run.references`): the same files and its
   `test_metrics.json`, no curves (it does not train).
 
 `distill sweep SPEC --archive DEST` archives each run the same way as soon as it finishes, and
@@ -29,13 +29,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from distill.experiments import rundirs
-from distill.experiments.records import ARCHIVED_TAGS, CURVES, read_curves
-from distill.experiments.references import DIRNAME as REFERENCES
-from distill.experiments.references import TEST_METRICS
-from distill.experiments.rundirs import OVERRIDES, SETTINGS, is_run_dir
-from distill.experiments.spec import Run
-from distill.experiments.sweep_record import SWEEP_RECORD, read_sweep_record
+from distill.experiments.run import rundirs
+from distill.experiments.run.records import ARCHIVED_TAGS, CURVES, read_curves
+from distill.experiments.run.references import DIRNAME as REFERENCES
+from distill.experiments.run.references import TEST_METRICS
+from distill.experiments.run.rundirs import OVERRIDES, SETTINGS, is_run_dir
+from distill.experiments.run.spec import Run
+from distill.experiments.run.sweep_record import SWEEP_RECORD, read_sweep_record
 from distill.rundir import METRICS
 from distill.runinfo import replace_atomic
 
@@ -155,7 +155,7 @@ def archive(sweep_dir: Path, dest: Path) -> list[Path]:
     archived_dirs = []
     for run_dir in runs:
         target = dest / run_dir.relative_to(sweep_dir)
-        if not rundirs.is_done_dir(run_dir) and rundirs.is_done_dir(target):
+        if not rundirs.run_state(run_dir).done and rundirs.run_state(target).done:
             continue  # finished in the archive, unfinished here (e.g. a fresh clone's partial rerun)
         archived_dirs.append(archive_run(sweep_dir, run_dir, dest))
     return sorted({*archived_dirs, *(p for p in _run_dirs(dest))})
@@ -174,16 +174,19 @@ def served_from_archive(runs: list[Run], sweep_dir: Path, dest: Path) -> list[Ru
     served = {
         run.run_dir
         for run in runs
-        if not rundirs.is_done(run) and rundirs.is_done(archived(run, sweep_dir, dest))
+        if not rundirs.run_state(run).done and rundirs.run_state(archived(run, sweep_dir, dest)).done
     }
 
     def rerun(parent: Path) -> bool:  # a diverged parent would only fail its chained run again
-        return rundirs.is_finished(Path(dest) / parent.relative_to(sweep_dir))
+        return rundirs.run_state(Path(dest) / parent.relative_to(sweep_dir)).finished
 
     while needed := {
         run.after
         for run in runs
-        if run.after in served and run.run_dir not in served and not rundirs.is_done(run) and rerun(run.after)
+        if run.after in served
+        and run.run_dir not in served
+        and not rundirs.run_state(run).done
+        and rerun(run.after)
     }:
         served -= needed
     return [run for run in runs if run.run_dir in served]

@@ -29,7 +29,7 @@ Every knob of the archive that varies must be named once: in `a`/`b`, `within`, 
 `paired`, so how runs are matched is declared, never inferred. `testable` makes a claim *not
 testable* when the teacher is not ahead of the start by `margin` on the metric, when the start is
 at or below `floor` or at or above `ceiling`, when the teacher is at or below `floor`, or when every
-run of the contrast is at the floor, or every run at the ceiling (`distill.experiments.verdicts`).
+run of the contrast is at the floor, or every run at the ceiling (`distill.experiments.stats.verdicts`).
 A sweep attaches its claims file in its archive's `sweep.json` (`"claims":
 "experiments/claims/v2.yaml"`, relative to the repository root), or `distill report --claims FILE`.
 """

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from distill.experiments.analysis import summarize
-from distill.experiments.axes import format_value
-from distill.experiments.records import RunRecord, expand_tags, read_curves
-from distill.experiments.references import LABELS
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.records import RunRecord, expand_tags, read_curves
+from distill.experiments.run.references import LABELS
+from distill.experiments.stats.analysis import summarize
 
 DPI = 110
-# Reference lines (`distill.experiments.references`): kind -> matplotlib line style.
+# Reference lines (`distill.experiments.run.references`): kind -> matplotlib line style.
 REFERENCE_STYLE = {
     "start": {"color": "0.45", "linestyle": "--"},
     "teacher": {"color": "black", "linestyle": ":"},

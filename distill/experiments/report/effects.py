@@ -1,10 +1,10 @@
 """Effect sizes for the contrasts the study's claims are about, with 95 % intervals (exploratory:
-the declared contrasts and their verdicts are `distill.experiments.verdicts`).
+the declared contrasts and their verdicts are `distill.experiments.stats.verdicts`).
 
 A contrast compares two values of one knob (`a` and `b`, e.g. mix 0 against mix 1), optionally
 within one value of another knob (e.g. within forward KL), pooled over everything else. Runs of
 `a` and `b` are paired when they share every other setting (learning rate, seed, ...): the effect
-is then the mean of the paired differences, with the interval of `distill.experiments.intervals`
+is then the mean of the paired differences, with the interval of `distill.experiments.stats.intervals`
 (Student's t below `MIN_BOOTSTRAP_PAIRS` = 10 pairs, a percentile bootstrap over the pairs from
 there on). Runs without a partner are left out; with no pairs at all (an unbalanced sweep) the effect
 is the difference of the two means and each side is resampled on its own.
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from distill.experiments.axes import format_value
-from distill.experiments.intervals import MIN_BOOTSTRAP_PAIRS, estimate, t_quantile  # noqa: F401 (re-exported)
-from distill.experiments.records import RunRecord
-from distill.experiments.tables import is_share, table
+from distill.experiments.report.tables import table
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.records import RunRecord, is_share
+from distill.experiments.stats.intervals import MIN_BOOTSTRAP_PAIRS, estimate, t_quantile  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""Verdicts by rule: each declared claim (`distill.experiments.claims`) computed from its archive.
+"""Verdicts by rule: each declared claim (`distill.experiments.run.claims`) computed from its archive.
 
 For a claim, runs of side a and side b that agree on every `strata` and `paired` knob form a pair;
 each pair gives a difference (of the metric, of its log, or of its change from the parent run).
 The claim's estimate is the equal-weight mean of the per-stratum mean differences with a t or
-bootstrap interval (`distill.experiments.intervals`). Holm's step-down runs over the family: every
+bootstrap interval (`distill.experiments.stats.intervals`). Holm's step-down runs over the family: every
 claim of the file that is not *not testable* (a claim whose archive has no runs yet counts, with
-p = 1, so that the family is the declared one). The verdict, from the Holm-adjusted interval
+p = 1, so that the family is the declared one). The verdict (`decide`), from the Holm-adjusted interval
 [lo, hi] and the smallest effect of interest s:
 
 - *not testable*: the claim's `testable` rule holds (teacher not ahead of the start by the margin;
@@ -30,14 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from distill.experiments.axes import format_value
-from distill.experiments.claims import Claim, ClaimsError, ClaimsFile
-from distill.experiments.intervals import Estimate, estimate, holm, minimum_detectable
-from distill.experiments.records import RunRecord, load_records
-from distill.experiments.references import load_references
-from distill.experiments.stages import pairs as chained_pairs
-from distill.experiments.stages import read_stages
-from distill.experiments.tables import is_share
+from distill.experiments.run.axes import format_value
+from distill.experiments.run.claims import Claim, ClaimsError, ClaimsFile
+from distill.experiments.run.records import RunRecord, chained_pairs, is_share, load_records, read_stages
+from distill.experiments.run.references import load_references
+from distill.experiments.stats.intervals import Estimate, estimate, holm, minimum_detectable
 
 VERDICTS = ("replicated", "contradicted", "no effect", "unresolved", "not testable", "no runs yet")
 
@@ -55,6 +52,7 @@ class Verdict:
     groups: list[np.ndarray] = field(default_factory=list)  # the paired differences of each stratum
     start: float | None = None
     teacher: float | None = None
+    raw: list[float] = field(default_factory=list)  # the metric of every run of the contrast
 
 
 def _same(x: Any, y: Any) -> bool:
@@ -157,31 +155,6 @@ def _references(claim: Claim, directory: Path, runs: list[RunRecord]) -> tuple[f
     return start, refs.get("teacher", {}).get(claim.metric)
 
 
-def _untestable(claim: Claim, start, teacher, raw: list[float]) -> str | None:
-    """Why the claim's `testable` rule makes it not testable, or None."""
-    rule, fmt = claim.testable, _formatter(claim.metric, None)
-    if (
-        rule.margin is not None
-        and start is not None
-        and teacher is not None
-        and teacher - start < rule.margin
-    ):
-        lead = _formatter(claim.metric, None, signed=True)(rule.margin).lstrip("+")
-        return f"the teacher ({fmt(teacher)}) is not ahead of the start ({fmt(start)}) by {lead}"
-    if rule.floor is not None:
-        for who, v in (("start", start), ("teacher", teacher)):
-            if v is not None and v <= rule.floor:
-                return f"the {who} is at the floor ({fmt(v)} <= {fmt(rule.floor)})"
-        if raw and max(raw) <= rule.floor:
-            return f"every run is at the floor (<= {fmt(rule.floor)})"
-    if rule.ceiling is not None:
-        if start is not None and start >= rule.ceiling:
-            return f"the start is at the ceiling ({fmt(start)} >= {fmt(rule.ceiling)})"
-        if raw and min(raw) >= rule.ceiling:
-            return f"every run is at the ceiling (>= {fmt(rule.ceiling)})"
-    return None
-
-
 def _formatter(metric: str, transform: str | None, signed: bool = False):
     if transform == "log":
         return lambda v: f"×{math.exp(v):.3g}"
@@ -195,17 +168,60 @@ def _resolution(claim: Claim) -> float:
     return 0.001 if claim.transform == "log" or is_share(claim.metric) else claim.sesoi / 10
 
 
-def _rule(claim: Claim, lo: float, hi: float) -> str:
-    s = claim.sesoi
+def decide(
+    claim: Claim,
+    start: float | None,
+    teacher: float | None,
+    raw: list[float],
+    est: Estimate,
+    adjusted: Estimate | None = None,
+) -> tuple[str, str]:
+    """The verdict rule (the module's docstring in words), in one place: a claim's verdict and the
+    rule's reason, from its numbers. `start` and `teacher` are the references' metric and `raw`
+    the metric of every run of the contrast (the `testable` rule); `est` is the unadjusted
+    estimate and `adjusted` the Holm-adjusted one, None until Holm's step-down has run.
+
+    Without `adjusted` only *not testable* (which leaves Holm's family) and *unresolved* for want
+    of an interval are decided; ("", "") then means the verdict waits for the adjusted interval.
+    An interval verdict's reason is `_reason`'s (it names the minimum detectable effect)."""
+    rule, fmt = claim.testable, _formatter(claim.metric, None)
+    if (
+        rule.margin is not None
+        and start is not None
+        and teacher is not None
+        and teacher - start < rule.margin
+    ):
+        lead = _formatter(claim.metric, None, signed=True)(rule.margin).lstrip("+")
+        return (
+            "not testable",
+            f"the teacher ({fmt(teacher)}) is not ahead of the start ({fmt(start)}) by {lead}",
+        )
+    if rule.floor is not None:
+        for who, v in (("start", start), ("teacher", teacher)):
+            if v is not None and v <= rule.floor:
+                return "not testable", f"the {who} is at the floor ({fmt(v)} <= {fmt(rule.floor)})"
+        if raw and max(raw) <= rule.floor:
+            return "not testable", f"every run is at the floor (<= {fmt(rule.floor)})"
+    if rule.ceiling is not None:
+        if start is not None and start >= rule.ceiling:
+            return "not testable", f"the start is at the ceiling ({fmt(start)} >= {fmt(rule.ceiling)})"
+        if raw and min(raw) >= rule.ceiling:
+            return "not testable", f"every run is at the ceiling (>= {fmt(rule.ceiling)})"
+    if est.method == "none" or est.se == 0:  # never a zero-width interval
+        why = "fewer than 2 pairs in every stratum" if est.method == "none" else "no spread between pairs"
+        return "unresolved", f"{why}: no interval"
+    if adjusted is None:
+        return "", ""
+    s, lo, hi = claim.sesoi, adjusted.low, adjusted.high
     inside = -s <= lo and hi <= s
     if claim.predicts == "none":
-        return "replicated" if inside else "contradicted" if lo > s or hi < -s else "unresolved"
+        return ("replicated" if inside else "contradicted" if lo > s or hi < -s else "unresolved"), ""
     up = claim.predicts == "increase"
     if (lo > 0) if up else (hi < 0):
-        return "replicated"
+        return "replicated", ""
     if (hi < 0) if up else (lo > 0):
-        return "contradicted"
-    return "no effect" if inside else "unresolved"
+        return "contradicted", ""
+    return ("no effect" if inside else "unresolved"), ""
 
 
 def _first_pass(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> Verdict:
@@ -230,16 +246,17 @@ def _first_pass(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[s
         (", ".join(k) or "all", estimate([g], claims.level, _resolution(claim), seed=index))
         for k, g in zip(strata, groups)
     ]
-    reason = _untestable(claim, start, teacher, raw)
+    verdict, reason = decide(claim, start, teacher, raw, est)
     return Verdict(
         claim,
-        "not testable" if reason else "",
-        reason or "",
+        verdict,
+        reason,
         est,
         strata=per,
         groups=groups,
         start=start,
         teacher=teacher,
+        raw=raw,
     )
 
 
@@ -254,19 +271,11 @@ def evaluate(claims: ClaimsFile, sweep_dirs: dict[str, Path] | None = None) -> l
     adjusted, levels = holm(p, alpha)
     for v, p_adj, level in zip(family, adjusted, levels):
         v.p_adjusted = p_adj
-        if v.estimate is None:
+        if v.estimate is None or v.verdict:  # no runs yet, or decided without an interval
             continue
         index = claims.claims.index(v.claim)
-        if v.estimate.method == "none" or v.estimate.se == 0:  # never a zero-width interval
-            why = (
-                "fewer than 2 pairs in every stratum"
-                if v.estimate.method == "none"
-                else "no spread between pairs"
-            )
-            v.verdict, v.reason = "unresolved", f"{why}: no interval"
-            continue
         v.adjusted = estimate(v.groups, level, _resolution(v.claim), seed=index)
-        v.verdict = _rule(v.claim, v.adjusted.low, v.adjusted.high)
+        v.verdict, _ = decide(v.claim, v.start, v.teacher, v.raw, v.estimate, v.adjusted)
         v.mde = minimum_detectable(v.adjusted.se, v.adjusted.df, level)
         v.reason = _reason(v)
     for v in verdicts:

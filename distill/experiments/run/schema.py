@@ -1,4 +1,4 @@
-"""The declared structure of a sweep spec file (the format: `distill.experiments.spec`).
+"""The declared structure of a sweep spec file (the format: `distill.experiments.run.spec`).
 
 `SpecFields` (the top-level keys), `StageFields` (an entry of `stages:`) and `SlurmFields` (the
 `slurm:` section) are dataclasses; `parse_fields` checks a mapping read from YAML against one of
@@ -7,7 +7,7 @@ against the annotations (`Name`, `NotEmptyStr`, `PositiveInt`, `Literal[...]`, u
 then the nested dataclasses under their own labels (`slurm`, `stages[0]`). Every error is a
 `SpecError` naming the field, the value and what it must be (each field's `must` text), instead of
 jsonargparse's own report. What depends on more than a field's type (axis values, stage order,
-non-empty lists) is checked by `distill.experiments.spec` and `distill.experiments.axes`.
+non-empty lists) is checked by `distill.experiments.run.spec` and `distill.experiments.run.axes`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ LINES = "be a list of strings"
 
 @dataclass
 class SlurmFields:
-    """`slurm:`: defaults of `distill sweep --emit-slurm` (`distill.experiments.slurm`)."""
+    """`slurm:`: defaults of `distill sweep --emit-slurm` (`distill.experiments.run.slurm`)."""
 
     partition: Option | None = _field(OPTION, default=None)
     account: Option | None = _field(OPTION, default=None)
