@@ -101,7 +101,7 @@ def fit_job(pair: str, kind: str, dirs: dict, data: dict, out: Path, args) -> di
     init, d = config["model"]["init_args"], config["data"]
     style = [paper_config(f"{pair}_style_es.yaml")["trainer"]["callbacks"][-1]] if kind == "base" else []
     callbacks = smoke_callbacks(config, style, data, args.new_tokens, args.steps)
-    per_batch = init.get("num_iterations", 1)  # GRPO: optimiser steps per rollout batch
+    per_batch = init.get("objective", {}).get("num_iterations", 1)  # GRPO: optimiser steps per rollout batch
     argv = ["fit", "--config", str(PAPER / name), "--run_dir", str(out / "runs" / f"{pair}-{kind}")]
     options = {
         "overwrite": "true",

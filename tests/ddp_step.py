@@ -162,7 +162,7 @@ def step(kind: str, world: Path, devices: int, parallel: str, out: Path) -> None
         accelerator="cpu",
         devices=devices,
         strategy=strategy(parallel, devices),
-        max_steps=module.hparams.get("num_iterations", 1),  # one rollout batch
+        max_steps=module.objective.num_iterations if hasattr(module, "objective") else 1,  # one rollout batch
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -215,7 +215,7 @@ def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypat
     args = ["fit", "--config", "configs/tiny/fkl_mix0.5.yaml", *SHORT, "--run_dir", str(run)]
     metrics = run_lightning_cli([*args, "--data.prompts.teacher_context", "1 1=2:{target} "])  # Countdown rows
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["data"]["teacher_context"] == "1 1=2:{target} "
+    assert config["data"]["prompts"]["teacher_context"] == "1 1=2:{target} "
     assert metrics["train/teacher_share"] > 0 and metrics["train/forward_kl"] >= 0
     # A field the rows lack fails in the data setup, before any model is loaded, naming it.
     monkeypatch.setattr("distill.module.load_model", lambda *a, **k: pytest.fail("a model was loaded"))

@@ -35,7 +35,7 @@ def test_every_paper_config_measures_on_sets_a_chat_model_can_do(config, capsys,
     assert printed["model"]["class_path"].startswith("distill.") and printed["model"]["init_args"]["student"]
     callbacks = {c["class_path"].rsplit(".", 1)[-1]: c["init_args"] for c in printed["trainer"]["callbacks"]}
     assert MEASUREMENTS <= set(callbacks), f"{config.name} lacks {MEASUREMENTS - set(callbacks)}"
-    assert printed["trainer"]["precision"] == "bf16-mixed" and printed["data"]["chat_template"] is True
+    assert printed["trainer"]["precision"] == "bf16-mixed" and printed["data"]["prompts"]["chat_template"] is True
     forgetting = callbacks["Forgetting"]
     # Retention from dataset specs (never the tiny world's addition/reversal strings), parsed here
     # without loading anything.
@@ -49,10 +49,11 @@ def test_every_paper_config_measures_on_sets_a_chat_model_can_do(config, capsys,
         assert source not in {parse_spec(s).source for s in forgetting["sets"]}
         assert source not in {parse_text_spec(v).source for v in texts.values()}
     init = printed["model"]["init_args"]
-    assert init["compile_decoding"] is True and init["compile_forwards"] is True  # fast as shipped
-    for test_task in printed["data"].get("test_tasks") or []:  # every held-out question is scored
+    assert init["execution"]["compile_decoding"] is True and init["execution"]["compile_forwards"] is True
+    evaluation = printed["data"]["evaluation"]
+    for test_task in evaluation.get("test_tasks") or []:  # every held-out question is scored
         if is_spec(test_task) and parse_spec(test_task).test is not None:
-            assert printed["data"]["test_size"] >= parse_spec(test_task).test, test_task
+            assert evaluation["test_size"] >= parse_spec(test_task).test, test_task
 
 
 def test_both_pairs_have_medreason_and_science_configs_and_sweeps():

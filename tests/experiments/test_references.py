@@ -75,6 +75,10 @@ def test_axes_that_change_how_runs_are_tested_need_references_off(tmp_path):
         SpecError, match=r"'references': axis 'data.evaluation.test_size' sets data.evaluation.test_size.*references: false"
     ):
         _spec(tmp_path, axes={"data.evaluation.test_size": [10, 20]})
+    with pytest.raises(SpecError, match="axis 'data.test_size' sets data.evaluation.test_size"):  # old key
+        _spec(tmp_path, axes={"data.test_size": [10, 20]})
+    with pytest.raises(SpecError, match="axis 'data.evaluation' sets data.evaluation"):  # the whole group
+        _spec(tmp_path, axes={"data.evaluation": [{"test_size": 10}, {"test_size": 20}]})
     with pytest.raises(SpecError, match="'references': axis 'model.teacher' sets model.teacher"):
         _spec(tmp_path, axes={"model.init_args.teacher": ["a", "b"]})
     assert _spec(tmp_path, axes={"data.evaluation.test_size": [10, 20]}, references=False).references == ()
@@ -104,16 +108,18 @@ def test_the_teacher_is_read_through_base_includes_and_overrides(tmp_path):
 
 def test_the_teacher_reference_reads_the_teacher_only_context(tmp_path):
     (tmp_path / "a.yaml").write_text(
-        "model: {init_args: {teacher: t}}\ndata: {init_args: {teacher_context: 'Reason in Spanish.'}}\n"
+        "model: {init_args: {teacher: t}}\ndata: {prompts: {teacher_context: 'Reason in Spanish.'}}\n"
     )
     spec = parse_spec({"name": "s", "base": "a.yaml", "axes": {"mix": [0]}}, root=tmp_path)
     runs, _ = reference_runs(spec)
     by_kind = {r.reference: r.overrides for r in runs}
     assert by_kind["teacher"]["data.prompts.student_context"] == "Reason in Spanish."
     assert by_kind["start"] == {}  # the start is the student: it reads its own prompt
-    assert (
-        model_option([tmp_path / "a.yaml"], {"data.prompts.teacher_context": "x"}, "teacher_context", "data") == "x"
-    )
+    context = "prompts.teacher_context"
+    assert model_option([tmp_path / "a.yaml"], {"data.prompts.teacher_context": "x"}, context, "data") == "x"
+    assert model_option([tmp_path / "a.yaml"], {"data.teacher_context": "y"}, context, "data") == "y"  # old key
+    (tmp_path / "old.yaml").write_text("data: {teacher_context: 'Piensa.'}\n")  # written before the move
+    assert model_option([tmp_path / "old.yaml"], {}, context, "data") == "Piensa."
 
 
 def test_staged_references_belong_to_the_first_stage(tmp_path):
@@ -339,7 +345,7 @@ def test_real_references_with_distill_test_on_the_quick_tiny_world(tiny_world_ca
         assert {"test/countdown3/accuracy", "test/countdown3/pass@8"} <= set(metrics)
     teacher = yaml.safe_load((tmp_path / "runs" / "references" / "teacher" / "config.yaml").read_text())
     assert teacher["model"]["init_args"]["student"] == teacher["model"]["init_args"]["teacher"]
-    assert teacher["seed_everything"] == 0 and teacher["data"]["test_size"] == 4
+    assert teacher["seed_everything"] == 0 and teacher["data"]["evaluation"]["test_size"] == 4
 
 
 def test_a_metric_the_teacher_does_not_beat_the_start_on_says_so_instead_of_counting():

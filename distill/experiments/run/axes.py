@@ -2,7 +2,7 @@
 check of their values, canonical names and config paths, and the names of runs.
 
 The values a shorthand takes are named in `distill.names` (divergences, granularities,
-estimators); a dotted axis (`data.max_new_tokens`) passes its values through unchecked.
+estimators); a dotted axis (`data.sampling.max_new_tokens`) passes its values through unchecked.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def canonical_axis(axis: Any) -> tuple[str, str]:
     if "." not in axis:
         raise SpecError(
             f"unknown axis {axis!r}: use a shorthand ({', '.join(SHORTHANDS)}) "
-            f"or a dotted config path such as data.max_new_tokens"
+            f"or a dotted config path such as data.sampling.max_new_tokens"
         )
     if not _DOTTED.match(axis) or axis.split(".")[0] not in ROOTS:
         raise SpecError(

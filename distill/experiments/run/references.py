@@ -6,8 +6,8 @@ spec says `references: false`, two evaluation-only runs of `distill test`:
 
 - `start`: the base configs and the spec's fixed overrides, as every run of the grid, untrained;
 - `teacher`: the same with `model.student` set to the config's `model.teacher` (and
-  `model.student_dtype` to its `teacher_dtype`, `data.student_context` to its
-  `data.teacher_context`, when the config sets them): the teacher in the student's place, reading
+  `model.student_dtype` to its `teacher_dtype`, `data.prompts.student_context` to its
+  `data.prompts.teacher_context`, when the config sets them): the teacher in the student's place, reading
   what it reads in training.
 
 `distill test` builds the same data module and callbacks as a fit, so the references see the same
@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from distill.config_bases import moved_config, moved_key
 from distill.experiments.run.axes import nest
 from distill.experiments.run.schema import SpecError
 from distill.experiments.run.spec import STUDENT_PATH, Run, SweepSpec
@@ -70,21 +71,31 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict:
 
 
 def model_option(base: list[Path], overrides: dict[str, Any], name: str, section: str = "model") -> Any:
-    """The value of `<section>.<name>` (`model` or `data`) after the base configs and the dotted
-    overrides (`model.X` and `model.init_args.X` alike, later ones winning); None when nothing
-    sets it."""
+    """The value of `<section>.<name>` (`model` or `data`; `name` may reach into a group, e.g.
+    `prompts.teacher_context`) after the base configs and the dotted overrides (`model.X` and
+    `model.init_args.X` alike, later ones winning); a setting that moved into a group counts at
+    its new place in either. None when nothing sets it."""
     value = None
     for path in base:
-        block = _load(Path(path)).get(section)
+        block = moved_config(_load(Path(path)))[0].get(section)
         if isinstance(block, dict):
             init_args = block.get("init_args")
             for source in (block, init_args if isinstance(init_args, dict) else {}):
-                if source.get(name) is not None:
-                    value = source[name]
-    for key in (f"{section}.{name}", f"{section}.init_args.{name}"):
-        if overrides.get(key) is not None:
-            value = overrides[key]
+                found = _dotted(source, name)
+                if found is not None:
+                    value = found
+    wanted = (f"{section}.{name}", f"{section}.init_args.{name}")
+    for key, found in overrides.items():
+        if moved_key(key, quiet=True) in wanted and found is not None:
+            value = found
     return value
+
+
+def _dotted(block: dict, name: str) -> Any:
+    """`block[a][b]` for `name` "a.b"; None where a level is missing."""
+    for part in name.split("."):
+        block = block.get(part) if isinstance(block, dict) else None
+    return block
 
 
 def reference_runs(spec: SweepSpec) -> tuple[list[Run], list[str]]:
@@ -115,9 +126,9 @@ def reference_runs(spec: SweepSpec) -> tuple[list[Run], list[str]]:
             if dtype is not None:
                 own["model.student_dtype"] = dtype
             # A teacher-only context is part of the teacher: test it reading that context.
-            context = model_option(spec.base, overrides, "teacher_context", section="data")
+            context = model_option(spec.base, overrides, "prompts.teacher_context", section="data")
             if context is not None:
-                own["data.student_context"] = context
+                own["data.prompts.student_context"] = context
         nest(own)
         name = f"{DIRNAME}/{kind}"
         runs.append(

@@ -25,7 +25,7 @@ repository root for every command in this project; they are made absolute before
 is built, so the commands also work from elsewhere (e.g. a SLURM node).
 
 An axis is one of these shorthands, or a dotted path into the fit config tree starting with
-`trainer.`, `model.` or `data.` (e.g. `data.max_new_tokens`, `model.divergence.init_args.beta`),
+`trainer.`, `model.` or `data.` (e.g. `data.sampling.max_new_tokens`, `model.divergence.init_args.beta`),
 whose values are passed through as they are. Shorthand values are checked before anything runs:
 
     mix            data.mix                              teacher share of rollouts, in [0, 1]
@@ -83,7 +83,7 @@ a list such as `[start]` keeps some (and fails when the teacher is listed but th
 none; with `true`, a config without a teacher, e.g. GRPO, simply gets no teacher reference). With
 stages they belong to the first stage. They are not runs of the grid: not in `expand`, not in the
 factor analysis. An axis that changes how runs are tested or which models they start from (e.g.
-`model.teacher`, `data.test_size`) leaves no single reference, and is refused unless
+`model.teacher`, `data.evaluation.test_size`) leaves no single reference, and is refused unless
 `references: false`.
 
 The keys, stage entries and the `slurm:` section are declared in `distill.experiments.run.schema`
@@ -99,6 +99,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distill.config_bases import moved_key
 from distill.experiments.run.axes import (
     check_axes_vs_overrides,
     config_path,
@@ -146,11 +147,11 @@ REFERENCE_SENSITIVE = (
     "model.teacher",
     "model.student_dtype",
     "model.teacher_dtype",
-    "data.test_tasks",
-    "data.test_size",
-    "data.eval_max_new_tokens",
-    "data.tokenizer",
-    "data.chat_template",
+    "data.evaluation.test_tasks",
+    "data.evaluation.test_size",
+    "data.evaluation.max_new_tokens",
+    "data.prompts.tokenizer",
+    "data.prompts.chat_template",
     "trainer.precision",
     "trainer.callbacks",
 )
@@ -266,8 +267,12 @@ def _check_references(spec: SweepSpec) -> None:
     if not spec.references:
         return
     for axis in spec.axes:
-        path = config_path(axis)
-        hit = next((p for p in REFERENCE_SENSITIVE if path == p or path.startswith(p + ".")), None)
+        path = moved_key(config_path(axis), quiet=True)  # an old spelling is its new place
+        # The setting itself, one inside it, or a whole group that holds it (`data.evaluation`).
+        hit = next(
+            (p for p in REFERENCE_SENSITIVE if path == p or path.startswith(p + ".") or p.startswith(path + ".")),
+            None,
+        )
         if hit is not None:
             raise SpecError(
                 f"'references': axis {axis!r} sets {path}, which changes how runs are tested or which "
