@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from distill.experiments.run import rundirs
@@ -240,3 +241,15 @@ def test_archive_run_writes_the_done_marker_last(tmp_path, monkeypatch):
     assert rundirs.run_state(target).finished and (target / "curves.csv").read_text().startswith(
         "tag,step,value"
     )
+
+
+@pytest.mark.parametrize("name", ["v3_grid", "v3_rlvr", "v3_robustness", "v3_style", "v3_sci"])
+def test_the_v3_archives_carry_their_specs_fingerprint(name):
+    """`make sweep-v3-*` resumes into its committed archive only while the archive's fingerprint is
+    the spec's (`check_destination`); a change to a base config or the spec must restamp it."""
+    from distill.experiments.run.spec import load_spec
+    from distill.experiments.run.sweep_record import read_sweep_record, spec_fingerprint
+
+    root = Path(__file__).resolve().parents[2]
+    recorded = read_sweep_record(root / "experiments" / "results" / name)
+    assert recorded["fingerprint"] == spec_fingerprint(load_spec(root / "experiments" / f"{name}.yaml"))
