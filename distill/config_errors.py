@@ -163,8 +163,20 @@ def registered_classes(typehint: Any) -> tuple[list[str], list[str]]:
         return [], []
     base_paths = {f"{b.__module__}.{b.__qualname__}" for b in bases} | {b.__name__ for b in bases}
     known = [p for p in paths if p not in base_paths and _import(p) not in bases]
-    known.sort(key=lambda p: not p.startswith("distill."))  # the project's own first
+    known.sort(key=_listing_order)
     return known, list(dict.fromkeys(b.__name__ for b in bases))
+
+
+def _listing_order(path: str) -> tuple:
+    """The project's own classes first, by defining module and then by line (the order they are
+    written in), so the list is the same whatever was imported first; others after, by path."""
+    cls = _import(path)
+    module = getattr(cls, "__module__", "") or ""
+    try:
+        line = inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        line = 0
+    return (not path.startswith("distill."), module, line, path)
 
 
 def _listed(names: list[str]) -> str:

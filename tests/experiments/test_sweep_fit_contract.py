@@ -50,7 +50,7 @@ def test_every_shorthand_lands_where_fit_reads_it(tmp_path):
     assert model["optimizer"]["init_args"]["lr"] == 2e-4
     assert model["gradient_clip_val"] == 0.5
     data = config["data"]
-    assert (data["mix"], data["granularity"], data["task"], data["max_new_tokens"]) == (
+    assert (data["mix"], data["granularity"], data["task"], data["sampling"]["max_new_tokens"]) == (
         0.25,
         "token",
         "countdown4",
