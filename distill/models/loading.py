@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from distill.checks import check_choice
-from distill.models import tiny_world_names
+from distill.models import real, tiny_world_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,9 +31,11 @@ def check_model_path(path: str, field: str) -> str:
     """Fail fast, before any model is loaded: a local path must be a model directory; a hub id must
     be `org/name` (and, with HF_HUB_OFFLINE=1, already in the local cache). `tiny-world-vN:NAME` is
     `NAME` in version vN's folder ($DISTILL_CACHE/tiny-world-vN), `tiny-world:NAME` in the default
-    version's (`tiny_world_names`). Returns the resolved path."""
+    version's (`tiny_world_names`); `real:NAME` is a pretrained model shipped in a wheel, converted
+    into the cache on first use (`real`). Returns the resolved path."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"{field} must be a local model directory or a hub id like 'org/name', got {path!r}")
+    path = real.resolve(path, field)
     hint = ""
     world = tiny_world_names.split_name(path)
     if world is not None:
@@ -80,6 +82,7 @@ def load_tokenizer(path: str):
     """A tokenizer for decoder-only generation: left padding, and a pad token (EOS if it has none)."""
     from transformers import AutoTokenizer
 
+    path = real.resolve(path, "tokenizer")
     tok = AutoTokenizer.from_pretrained(str(Path(path).expanduser()) if looks_local(path) else path)
     tok.padding_side = "left"
     if tok.pad_token_id is None:

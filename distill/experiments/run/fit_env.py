@@ -34,7 +34,7 @@ def child_env(out: Path, jobs: int, cpus: int | None = None) -> dict[str, str]:
     return env
 
 
-__all__ = ["ROLLOUT_CACHE_ENV", "check_tiny_world", "child_env", "device_groups"]
+__all__ = ["ROLLOUT_CACHE_ENV", "check_named_models", "child_env", "device_groups"]
 
 
 def _strings(value, key: str = "") -> list[tuple[str, str]]:
@@ -48,14 +48,14 @@ def _strings(value, key: str = "") -> list[tuple[str, str]]:
     return []
 
 
-def check_tiny_world(runs: list, base: list[Path]) -> None:
+def check_named_models(runs: list, base: list[Path]) -> None:
     """Every `tiny-world[-vN]:NAME` that the runs' configs (a run's own `base`, else `base`) and
-    overrides name is installed: a sweep on a fresh machine fails here, before any compute, not once
-    per run. Raises the first missing model's `FileNotFoundError` (where it is named, its path and
-    the command that installs it)."""
+    overrides name is installed, and every `real:NAME` is converted (once, from its wheel): a sweep
+    on a fresh machine fails here, before any compute, not once per run. Raises the first missing
+    model's error (where it is named, its path and the command that installs it)."""
     import yaml
 
-    from distill.models import tiny_world_names
+    from distill.models import real, tiny_world_names
     from distill.models.loading import check_model_path
 
     named: dict[str, str] = {}  # model -> where it is first named
@@ -66,5 +66,5 @@ def check_tiny_world(runs: list, base: list[Path]) -> None:
         for key, value in _strings(run.overrides):
             named.setdefault(value, f"{run.name}: {key}")
     for value, where in named.items():
-        if tiny_world_names.split_name(value) is not None:
+        if tiny_world_names.split_name(value) is not None or real.split_name(value) is not None:
             check_model_path(value, where)

@@ -47,7 +47,7 @@ from distill.experiments.run.archive import (
 )
 from distill.experiments.run.fit_env import (  # noqa: F401 (ROLLOUT_CACHE_ENV re-exported)
     ROLLOUT_CACHE_ENV,
-    check_tiny_world,
+    check_named_models,
     child_env,
     device_groups,
 )
@@ -365,7 +365,7 @@ def main(
         return 2
     if not args.emit_slurm and not args.dry_run:  # the jobs of a cluster may see another cache
         try:
-            check_tiny_world(runs, spec.base)
+            check_named_models(runs, spec.base)
         except (FileNotFoundError, ValueError) as err:
             print(f"distill sweep: {args.spec}: {err}", file=sys.stderr)
             return 2
