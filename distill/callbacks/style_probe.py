@@ -20,6 +20,7 @@ from distill.callbacks.generation import (
 from distill.callbacks.interval import StepInterval
 from distill.callbacks.options import check_tasks
 from distill.checks import check_int
+from distill.data.prompts import context_fields
 from distill.parallel import gathered
 from distill.rollout import RolloutSampler
 from distill.tasks.countdown import STYLE_PATTERN
@@ -131,6 +132,20 @@ class StyleProbe(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require(pl_module, StudentHolder, "StyleProbe")
+        # The teacher reads its own context here as in training; one that fills in fields of the
+        # training task's rows cannot be written for another task's. Said before the models load.
+        prompts = getattr(getattr(trainer, "datamodule", None), "prompts", None)
+        context = getattr(prompts, "teacher_context", None)
+        if context is not None:
+            missing = [f for f in context_fields(context) if f not in self.rows[0]]
+            if missing:
+                task = getattr(getattr(trainer, "datamodule", None), "hparams", {}).get("task")
+                raise ValueError(
+                    f"StyleProbe.task {self.task!r}: its rows lack {missing}, which "
+                    f"data.prompts.teacher_context ({context!r}) reads, so the teacher cannot be "
+                    f"probed on them; set StyleProbe's task to one whose rows have them"
+                    + (f" (the training task, {task!r})" if task else "")
+                )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.teacher:  # once; again after a checkpoint from before the teacher was measured

@@ -237,3 +237,31 @@ def test_the_teacher_writes_after_its_own_context(fake_trainer, fake_module, tin
         pattern="^[" + "".join(chosen) + "]", task="addition", num_prompts=4, max_new_tokens=1, batch_size=300
     )
     assert abs(probe.share(trainer, module, 1.0, 300, writer="teacher") - expected) < 0.05
+
+
+def test_a_teacher_context_the_probe_rows_cannot_fill_is_refused_before_the_models_load(
+    fake_trainer, fake_module, tiny_student
+):
+    """A context that reads a field of the training task's rows (tinysci's `reference`) cannot be
+    written for the probe's Countdown rows: one line at setup, naming the task, the fields and the
+    fix, instead of a traceback from the first teacher rollout."""
+    from types import SimpleNamespace
+
+    from distill.data.module import PromptFormat
+
+    def trainer_with(context):
+        datamodule = SimpleNamespace(prompts=PromptFormat(teacher_context=context), hparams={"task": "tinysci"})
+        return fake_trainer(datamodule=datamodule)
+
+    module = fake_module(tiny_student, teacher=tiny_student)
+    probe = StyleProbe(task="countdown3", num_prompts=2)
+    with pytest.raises(ValueError) as err:
+        probe.setup(trainer_with("Background: {reference}"), module, "fit")
+    assert str(err.value) == (
+        "StyleProbe.task 'countdown3': its rows lack ['reference'], which data.prompts.teacher_context "
+        "('Background: {reference}') reads, so the teacher cannot be probed on them; set StyleProbe's "
+        "task to one whose rows have them (the training task, 'tinysci')"
+    )
+    probe.setup(trainer_with("Numbers: {numbers}. "), module, "fit")  # Countdown rows have these
+    probe.setup(trainer_with("Answer in Spanish. "), module, "fit")  # no fields at all
+    StyleProbe(task="tinysci", num_prompts=2).setup(trainer_with("Background: {reference}"), module, "fit")
