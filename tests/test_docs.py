@@ -475,7 +475,7 @@ def test_the_extending_examples_train(tiny_world_cache, tmp_path, monkeypatch):
         [
             "fit",
             "--config",
-            "configs/tiny/base.yaml",
+            "configs/tiny/first.yaml",  # its measurements are sized for a short fit
             "--run_dir",
             str(run_dir),
             "--model.init_args.divergence",
