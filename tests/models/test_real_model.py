@@ -110,3 +110,92 @@ def test_the_chat_prompt_has_one_bos_and_pad_is_eos(smollm2_dir):
         teacher = tok.decode(batch["teacher_input_ids"][i][batch["teacher_attention_mask"][i].bool()])
         assert "Background: " + row["reference"] in teacher
         assert row["reference"] not in tok.decode(student)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_distill_fit_on_smollm2_through_the_chat_template_with_every_measurement(smollm2_dir, tmp_path):
+    """A real pretrained model through `distill fit`: SmolLM2 teaches itself with privileged
+    context (tinysci's reference solution in the teacher's system message), half of each batch
+    written by the teacher, for two steps; every measurement reports, forgetting on real text."""
+    import yaml
+
+    from distill.lightning_cli import run_lightning_cli
+
+    callbacks = [
+        {
+            "class_path": "distill.callbacks.TaskEvaluation",
+            "init_args": {"num_problems": 2, "num_samples": 2, "ks": [1, 2]},
+        },
+        {
+            "class_path": "distill.callbacks.Forgetting",
+            "init_args": {
+                "sets": [],
+                "num_examples": 2,
+                "every_n_steps": 2,
+                "nll_texts": {"passages": f"text:{ROOT / 'tests/fixtures/text/passages.csv'}?field=text"},
+            },
+        },
+        {"class_path": "distill.callbacks.UpdateSparsity", "init_args": {"every_n_steps": 2}},
+        {"class_path": "distill.callbacks.GradientStats", "init_args": {"every_n_steps": 1}},
+        {
+            "class_path": "distill.callbacks.StyleProbe",
+            "init_args": {"task": "tinysci", "num_prompts": 2, "every_n_steps": 2},
+        },
+        {"class_path": "distill.callbacks.CostMeter"},
+    ]
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 2,
+            "val_check_interval": 2,
+            "check_val_every_n_epoch": None,
+            "num_sanity_val_steps": 0,
+            "log_every_n_steps": 1,
+            "callbacks": callbacks,
+        },
+        "model": {
+            "class_path": "distill.module.DistillationModule",
+            "init_args": {
+                "student": "real:smollm2",
+                "teacher": "real:smollm2",
+                "divergence": {"class_path": "distill.losses.ReverseKL"},
+                "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-5}},
+                "execution": {"compile_decoding": False, "compile_forwards": False},
+            },
+        },
+        "data": {
+            "task": "tinysci",
+            "mix": 0.5,
+            "batch_size": 2,
+            "train_size": 16,
+            "sampling": {"max_new_tokens": 12},
+            "prompts": {"chat_template": True, "teacher_context": "Background: {reference}"},
+            "evaluation": {"batch_size": 4, "val_size": 2, "test_size": 2, "max_new_tokens": 12},
+        },
+    }
+    path, run = tmp_path / "real.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run_lightning_cli(["fit", "--config", str(path), "--run_dir", str(run)])
+
+    record = json.loads((run / "metrics.json").read_text())
+    assert record["status"] == "finished"
+    m = record["metrics"]
+    assert m["train/reverse_kl"] > 0 and m["train/teacher_entropy"] > 0
+    assert 0 < m["train/teacher_share"] < 1  # the mixture: both wrote tokens
+    assert m["cost/teacher_generated_tokens"] > 0 and m["cost/student_generated_tokens"] > 0
+    assert {"test/tinysci/accuracy", "test/tinysci/pass@2", "val/tinysci/reverse_kl"} <= set(m)
+    assert m["forgetting/passages/score"] > 0  # nats per token of real text
+    assert "forgetting/passages/delta" in m
+    assert 0 < m["sparsity/overall"] < 1 and m["sparsity/relative_update_norm"] > 0
+    assert m["grad/param_norm"] > 0 and "style/teacher_style_share" in m
+    assert m["cost/flops"] > 0
+    assert (
+        yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["student"] == "real:smollm2"
+    )
+    exported = load_tokenizer(str(run / "student"))
+    assert exported.chat_template == load_tokenizer("real:smollm2").chat_template
