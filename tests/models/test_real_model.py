@@ -116,71 +116,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_distill_fit_on_smollm2_through_the_chat_template_with_every_measurement(smollm2_dir, tmp_path):
-    """A real pretrained model through `distill fit`: SmolLM2 teaches itself with privileged
-    context (tinysci's reference solution in the teacher's system message), half of each batch
-    written by the teacher, for two steps; every measurement reports, forgetting on real text."""
+def test_distill_fit_on_smollm2_through_the_chat_template_with_every_measurement(
+    smollm2_dir, tmp_path, monkeypatch
+):
+    """A real pretrained model through `distill fit` (configs/real/smollm2.yaml, shortened):
+    SmolLM2 teaches itself with privileged context (tinysci's reference solution in the teacher's
+    system message), half of each batch written by the teacher, for two steps; every measurement
+    reports, forgetting as NLL on real text."""
     import yaml
 
     from distill.lightning_cli import run_lightning_cli
 
-    callbacks = [
-        {
-            "class_path": "distill.callbacks.TaskEvaluation",
-            "init_args": {"num_problems": 2, "num_samples": 2, "ks": [1, 2]},
-        },
-        {
-            "class_path": "distill.callbacks.Forgetting",
-            "init_args": {
-                "sets": [],
-                "num_examples": 2,
-                "every_n_steps": 2,
-                "nll_texts": {"passages": f"text:{ROOT / 'tests/fixtures/text/passages.csv'}?field=text"},
-            },
-        },
-        {"class_path": "distill.callbacks.UpdateSparsity", "init_args": {"every_n_steps": 2}},
-        {"class_path": "distill.callbacks.GradientStats", "init_args": {"every_n_steps": 1}},
-        {
-            "class_path": "distill.callbacks.StyleProbe",
-            "init_args": {"task": "tinysci", "num_prompts": 2, "every_n_steps": 2},
-        },
-        {"class_path": "distill.callbacks.CostMeter"},
-    ]
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "max_steps": 2,
-            "val_check_interval": 2,
-            "check_val_every_n_epoch": None,
-            "num_sanity_val_steps": 0,
-            "log_every_n_steps": 1,
-            "callbacks": callbacks,
-        },
-        "model": {
-            "class_path": "distill.module.DistillationModule",
-            "init_args": {
-                "student": "real:smollm2",
-                "teacher": "real:smollm2",
-                "divergence": {"class_path": "distill.losses.ReverseKL"},
-                "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-5}},
-                "execution": {"compile_decoding": False, "compile_forwards": False},
-            },
-        },
-        "data": {
-            "task": "tinysci",
-            "mix": 0.5,
-            "batch_size": 2,
-            "train_size": 16,
-            "sampling": {"max_new_tokens": 12},
-            "prompts": {"chat_template": True, "teacher_context": "Background: {reference}"},
-            "evaluation": {"batch_size": 4, "val_size": 2, "test_size": 2, "max_new_tokens": 12},
-        },
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    short = {
+        "trainer.max_steps": 2,
+        "trainer.val_check_interval": 2,
+        "data.batch_size": 2,
+        "data.train_size": 16,
+        "data.sampling.max_new_tokens": 12,
+        "data.evaluation.val_size": 2,
+        "data.evaluation.test_size": 2,
+        "data.evaluation.batch_size": 4,
+        "data.evaluation.max_new_tokens": 12,
     }
-    path, run = tmp_path / "real.yaml", tmp_path / "run"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    run_lightning_cli(["fit", "--config", str(path), "--run_dir", str(run)])
+    flags = [w for key, value in short.items() for w in (f"--{key}", str(value))]
+    run_lightning_cli(["fit", "--config", "configs/real/smollm2.yaml", *flags, "--run_dir", str(run)])
 
     record = json.loads((run / "metrics.json").read_text())
     assert record["status"] == "finished"
