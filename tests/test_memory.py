@@ -1,7 +1,7 @@
 """`distill.memory`: the memory tables of docs/gpus-and-memory.md are what it prints, its parameter
 counts are the models', and its per-phase bytes match the live tensor bytes of a rollout and of a training step
 measured on two small models (a Llama and a Qwen2 shape, GQA, float32 students, a bf16 teacher)
-under Lightning's own `bf16-mixed` context on the CPU (an autocast with `cache_enabled=False`),
+and on the real SmolLM2-135M (`real:smollm2`, student and bf16 teacher; slow) under Lightning's own `bf16-mixed` context on the CPU (an autocast with `cache_enabled=False`),
 through the code a run executes: `RolloutSampler.sample`, `DistillationModule.accumulate_gradients`
 with `GradientStats` armed, a foreach AdamW step (the CUDA default)."""
 
@@ -221,7 +221,21 @@ def test_lightnings_autocast_caches_no_weights():
         assert live.peak >= arch.largest_cast()  # the LM head's copy, during its matmul
 
 
-@pytest.fixture(scope="module", params=sorted(SMALL))
+def _models(name: str, root: Path) -> tuple[Architecture, Architecture, str, str]:
+    """(student shape, teacher shape, student path, teacher path): a small random pair, or the
+    real SmolLM2-135M as both (`real:smollm2`: 30 layers, GQA 9/3, a 49k vocabulary, tied)."""
+    if name == "smollm2":
+        from transformers import AutoConfig
+
+        from distill.models import real
+
+        path = real.resolve("real:smollm2")
+        arch = Architecture.from_config(AutoConfig.from_pretrained(path), "smollm2")
+        return arch, arch, path, path
+    return SMALL[name], TEACHER, _save(root, SMALL[name], 1), _save(root, TEACHER, 2)
+
+
+@pytest.fixture(scope="module", params=[*sorted(SMALL), pytest.param("smollm2", marks=pytest.mark.slow)])
 def measured(request, tmp_path_factory):
     """Peak live tensor bytes of one rollout and one training step (the second: AdamW's moments
     exist, gradients start from None), with and without GradientStats."""
@@ -231,10 +245,10 @@ def measured(request, tmp_path_factory):
     from distill.rollout import RolloutSampler
 
     torch.set_num_threads(1)
-    arch, root = SMALL[request.param], tmp_path_factory.mktemp("memory")
+    arch, teacher, student_path, teacher_path = _models(request.param, tmp_path_factory.mktemp("memory"))
     module = DistillationModule(
-        student=_save(root, arch, 1),
-        teacher=_save(root, TEACHER, 2),
+        student=student_path,
+        teacher=teacher_path,
         # 16 positions per loss chunk: the chunks' working set stays below GradientStats' copy,
         # as it does at the paper's shapes (2**23 logits a chunk against 8 B x 4 x 512 x 128k).
         divergence=ForwardKL(chunk_size=16),
@@ -246,7 +260,7 @@ def measured(request, tmp_path_factory):
     out = {}
     for name, prompt, new in ROLLOUTS:
         # An EOS id past the vocabulary: every row runs to the budget, as random models' rows do.
-        sampler = RolloutSampler(mix=0.0, max_new_tokens=new, temperature=1.0, eos_token_id=VOCAB)
+        sampler = RolloutSampler(mix=0.0, max_new_tokens=new, temperature=1.0, eos_token_id=arch.vocab)
         sampler.use_tokenizer(module.tokenizer)
         prompts = _rollout_batch(0, prompt)
         with LiveTensorBytes() as live, _autocast():
@@ -268,12 +282,12 @@ def measured(request, tmp_path_factory):
             optimizer.zero_grad(set_to_none=True)
         out["backward, GradientStats" if stats else "backward"] = backward
         out["optimiser"] = live.peak
-    return arch, out
+    return arch, teacher, out
 
 
 def test_rollout_and_step_peaks_match_the_formula(measured):
-    arch, peaks = measured
-    run = Run(arch, TEACHER, rollout_rows=ROWS, prompt_tokens=PROMPT, new_tokens=NEW, micro_batch=MICRO)
+    arch, teacher, peaks = measured
+    run = Run(arch, teacher, rollout_rows=ROWS, prompt_tokens=PROMPT, new_tokens=NEW, micro_batch=MICRO)
     run = replace(run, loss_chunk_logits=16 * arch.vocab)
     grads = FP32 * arch.params()
     saved = BF16 * arch.cast_params()  # the weights' bf16 copies autograd keeps until backward
