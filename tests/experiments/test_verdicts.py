@@ -1,7 +1,8 @@
 """The statistics behind the verdicts, on simulated data with known effects: coverage of the t,
-stratified and bootstrap intervals, bounds stable to 0.1 pp, Holm against a direct reading of its
-definition, variance-share intervals under a known null, and each verdict rule end to end on a
-small archive written here (plus the claims file's one-line errors)."""
+stratified and bootstrap intervals, bounds stable to 0.1 pp, the p-value as the interval inverted,
+Holm against a direct reading of its definition, the pair count, variance-share intervals under a known null, and
+each verdict rule end to end on a small archive written here (plus the claims file's one-line
+errors). `test_verdict_simulation.py` runs the rule on many studies."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from distill.experiments.run.claims import ClaimsError, load_claims
 from distill.experiments.stats.analysis import factor_importance
-from distill.experiments.stats.intervals import estimate, holm
+from distill.experiments.stats.intervals import estimate, holm, t_tail
 from distill.experiments.stats.verdicts import evaluate
 
 
@@ -79,6 +80,42 @@ def test_holm_matches_its_definition_and_its_levels_match_its_decisions():
     for s, adj, level in zip(studies, adjusted, levels):
         at = estimate(s, level)
         assert (at.low > 0 or at.high < 0) == (adj <= 0.05)
+
+
+def test_the_bootstrap_p_value_is_its_interval_inverted_without_a_floor():
+    """p is the smallest 1 − level whose interval excludes 0, read off the same resamples at every
+    level (sized for the strictest): a t of about 40 gets p below anything a count of resamples
+    could floor it at (2,000 resamples once gave 0.009), and at moderate t the bootstrap's p is
+    close to Student's."""
+    rng = np.random.default_rng(4)
+    steady = [rng.normal(0.09, 0.01, size=12) for _ in range(2)]
+    est = estimate(steady, 0.95, 0.001, seed=0)
+    assert est.method == "bootstrap" and est.point / est.se > 30 and est.p < 1e-6
+    for k in range(25):
+        groups = [rng.normal(rng.uniform(0, 0.03), 0.03, size=12) for _ in range(2)]
+        first = estimate(groups, 0.95, 0.005, seed=k, strictest=0.999)
+        for level in (0.9, 0.95, 0.99, 0.995, 0.999):
+            at = estimate(groups, level, 0.005, seed=k, strictest=0.999)
+            assert at.resamples == first.resamples
+            assert (at.low > 0 or at.high < 0) == (first.p < 1 - level)
+    for k in range(8):
+        groups = [rng.normal(0.45, 1.0, size=15) for _ in range(2)]
+        est = estimate(groups, 0.95, 0.05, seed=k, strictest=0.99)
+        if 1 < abs(est.point) / est.se < 3:
+            assert est.p == pytest.approx(2 * t_tail(abs(est.point) / est.se, est.df), rel=0.4)
+
+
+def test_the_pair_count_is_the_pairs_the_estimate_uses():
+    """A stratum of one pair has no spread and is left out of the mean: of the count too."""
+    est = estimate([np.array([0.30]), np.array([0.0, 0.01, 0.02])])
+    assert est.n == 3 and est.point == pytest.approx(0.01)
+    lone = estimate([np.array([0.30]), np.array([0.10])])  # no interval: the lone pairs are the point
+    assert lone.method == "none" and lone.n == 2 and lone.point == pytest.approx(0.20)
+
+
+def test_no_spread_means_no_p_value():
+    est = estimate([np.full(4, 0.1), np.full(3, 0.1)])
+    assert est.se == 0 and math.isnan(est.p) and est.n == 7
 
 
 def test_variance_share_interval_covers_a_known_null():
@@ -185,6 +222,53 @@ def test_each_verdict_rule(tmp_path):
         math.isfinite(verdicts["unresolved"].mde)
         and "detectable at 80 % power" in verdicts["unresolved"].reason
     )
+
+
+def test_a_clear_bootstrap_claim_is_rejected_exactly_where_its_interval_excludes_0(tmp_path):
+    """A bootstrap claim with t of about 80 among three claims of p about 0.002 and twelve nulls: with
+    a p-value floored by its 2,000 resamples (0.005) Holm ranked it fourth and stopped there
+    (adjusted p 0.06), while its interval at that step's level excluded 0 and it read replicated.
+    Now every adjusted interval excludes 0 exactly when Holm rejects, and its p is below every
+    other."""
+    results = tmp_path / "results"
+    noise = np.random.default_rng(5).normal(0, 0.004, size=(2, 2, 12))
+    _archive(
+        results,
+        "steady",
+        lambda mix, lr, seed: 0.4 + 0.09 * (mix == 0) + noise[mix, int(lr > 5e-4), seed],
+        seeds=12,
+    )
+    for k, effect in enumerate((0.030, 0.032, 0.034)):  # p about 0.0018, 0.0014, 0.0011 (t, 4 df)
+        _archive(
+            results, f"clear{k}", lambda mix, lr, seed, e=effect: 0.4 + (mix == 0) * (e + 0.01 * (seed - 1))
+        )
+    _archive(results, "flat", lambda mix, lr, seed: 0.4 + (mix == 0) * 0.01 * (seed - 1))
+    claims = [("steady", "steady", "increase")]
+    claims += [(f"clear{k}", f"clear{k}", "increase") for k in range(3)]
+    claims += [(f"flat{k}", "flat", "increase") for k in range(12)]
+    verdicts = {v.claim.id: v for v in evaluate(load_claims(_claims(tmp_path, claims)))}
+    for v in verdicts.values():
+        assert (v.adjusted.low > 0 or v.adjusted.high < 0) == (v.p_adjusted <= 0.05), v.claim.id
+    steady = verdicts["steady"]
+    assert steady.estimate.method == "bootstrap" and steady.estimate.p < 1e-6
+    assert steady.verdict == "replicated" and steady.p_adjusted <= 0.05
+    assert [verdicts[f"clear{k}"].verdict for k in range(3)] == ["replicated"] * 3
+
+
+def test_a_claim_without_spread_is_not_a_rejection_in_holms_family(tmp_path):
+    """Every pair +0.1 exactly: no interval, no p-value, and in Holm's family p = 1. Counted as a
+    rejection (p = 0 once), it let Holm test the other claim at 95 % instead of 97.5 %, and that
+    claim, whose interval at 97.5 % lies within ±3 pp, read replicated instead of no effect."""
+    results = tmp_path / "results"
+    _archive(results, "exact", lambda mix, lr, seed: 0.5 if mix == 0 else 0.4)
+    _archive(results, "small", lambda mix, lr, seed: 0.4 + (mix == 0) * (0.0122 + 0.01 * (seed - 1)))
+    claims = [("exact", "exact", "increase"), ("small", "small", "increase")]
+    verdicts = {v.claim.id: v for v in evaluate(load_claims(_claims(tmp_path, claims)))}
+    exact, small = verdicts["exact"], verdicts["small"]
+    assert small.verdict == "no effect" and small.adjusted.level == pytest.approx(0.975)
+    assert 0.025 < small.estimate.p < 0.05 and small.p_adjusted == pytest.approx(2 * small.estimate.p)
+    assert (exact.verdict, exact.reason) == ("unresolved", "no spread between pairs: no interval")
+    assert math.isnan(exact.estimate.p) and exact.p_adjusted == 1.0
 
 
 def test_a_knob_left_undeclared_is_refused(tmp_path):
