@@ -271,6 +271,33 @@ def test_a_claim_without_spread_is_not_a_rejection_in_holms_family(tmp_path):
     assert math.isnan(exact.estimate.p) and exact.p_adjusted == 1.0
 
 
+def test_an_effect_inside_the_sesoi_says_so_whichever_its_sign(tmp_path):
+    """A contradiction whose whole interval lies within ±s reads "contradicted, but smaller than ±s",
+    as a replication does, in the verdict table and in the outcome table; a large one reads plain."""
+    from distill.experiments.report import verdict_table
+
+    results = tmp_path / "results"
+    noise = np.random.default_rng(8).normal(0, 0.002, size=(2, 2, 3))
+    for name, effect in (("down_a_little", -0.01), ("up_a_little", 0.01), ("down", -0.10)):
+        _archive(
+            results,
+            name,
+            lambda mix, lr, seed, e=effect: 0.4 + e * (mix == 0) + noise[mix, int(lr > 5e-4), seed],
+        )
+    claims = [(name, name, "increase") for name in ("down_a_little", "up_a_little", "down")]
+    verdicts = evaluate(load_claims(_claims(tmp_path, claims)))
+    assert [(v.verdict, v.reason) for v in verdicts] == [
+        ("contradicted", "but smaller than ±3.0 pp"),
+        ("replicated", "but smaller than ±3.0 pp"),
+        ("contradicted", ""),
+    ]
+    table = "\n".join(verdict_table.table(verdicts))
+    assert "| **contradicted**, but smaller than ±3.0 pp |" in table
+    assert "| **replicated**, but smaller than ±3.0 pp |" in table and "| **contradicted** |" in table
+    outcome = "\n".join(verdict_table.beside(verdicts, verdicts, ("now", "then")))
+    assert outcome.count("**contradicted**, but smaller than ±3.0 pp") == 2  # now and then
+
+
 def test_a_knob_left_undeclared_is_refused(tmp_path):
     _archive(tmp_path / "results", "up", lambda mix, lr, seed: 0.4)
     path = _claims(tmp_path, [("c", "up", "increase")])

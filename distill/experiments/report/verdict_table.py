@@ -121,12 +121,19 @@ def _pairs(v: Verdict) -> str:
     return str(v.estimate.n) if v.estimate is not None else "0"
 
 
+def _verdict(v: Verdict, reason: bool = True) -> str:
+    """The verdict in bold, with its reason (a caveat such as "but smaller than ±s" follows a comma)."""
+    if not (reason and v.reason):
+        return f"**{v.verdict}**"
+    return f"**{v.verdict}**{',' if v.reason.startswith('but ') else ':'} {v.reason}"
+
+
 def rows(verdicts: list[Verdict]) -> list[list[str]]:
     out = []
     for v in verdicts:
         c = v.claim
         per = "; ".join(f"{label}: {_interval(c, e)}" for label, e in v.strata) if len(v.strata) > 1 else ""
-        verdict = f"**{v.verdict}**" + (f": {v.reason}" if v.reason else "")
+        verdict = _verdict(v)
         shown = v.adjusted or v.estimate
         out.append(
             [
@@ -249,12 +256,12 @@ def write(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int, out
 
 def _cells(v: Verdict | None) -> list[str]:
     """effect [Holm-adjusted interval], pairs, MDE and verdict of one claim (why, when not testable
-    or without an interval)."""
+    or without an interval; the caveat of an effect smaller than ±s)."""
     if v is None:
         return ["—", "—", "—", "not declared"]
-    shown = v.verdict == "not testable" or (v.adjusted is None and v.estimate is not None)  # no interval
-    why = f": {v.reason}" if shown and v.reason else ""
-    return [_interval(v.claim, v.adjusted or v.estimate), _pairs(v), _mde(v), f"**{v.verdict}**{why}"]
+    no_interval = v.adjusted is None and v.estimate is not None
+    why = v.verdict == "not testable" or no_interval or v.reason.startswith("but ")
+    return [_interval(v.claim, v.adjusted or v.estimate), _pairs(v), _mde(v), _verdict(v, why)]
 
 
 def beside(verdicts: list[Verdict], earlier: list[Verdict], labels: tuple[str, str]) -> list[str]:

@@ -19,8 +19,8 @@ smallest effect of interest s:
   (lo > 0); *no effect* when −s <= lo and hi <= s; else *unresolved*.
 - predicts none (an equality, e.g. "robust to the policy"): *replicated* when −s <= lo and hi <= s;
   *contradicted* when lo > s or hi < −s (an effect of at least s is shown); else *unresolved*.
-- a *replicated* directional claim whose whole interval lies within ±s says so: "but smaller than
-  ±s" (an effect of the sign shown, too small to matter).
+- a *replicated* or *contradicted* directional claim whose whole interval lies within ±s says so:
+  "but smaller than ±s" (an effect of the sign shown, too small to matter).
 - every *unresolved* claim gets its minimum detectable effect at 80 % power, at the level Holm
   tested it and the standard error observed.
 
@@ -320,7 +320,7 @@ def _reason(v: Verdict) -> str:
             "is neither within nor beyond" if v.claim.predicts == "none" else "includes 0 and is not within"
         )
         return f"the interval {where} ±{_sesoi(v.claim)}; detectable at 80 % power: {fmt(v.mde)}"
-    if v.verdict == "replicated" and v.claim.predicts != "none":
+    if v.verdict in ("replicated", "contradicted") and v.claim.predicts != "none":
         small = -v.claim.sesoi <= v.adjusted.low and v.adjusted.high <= v.claim.sesoi
         return f"but smaller than ±{_sesoi(v.claim)}" if small else ""
     return ""
