@@ -2,13 +2,14 @@
 stratified and bootstrap intervals, bounds stable to 0.1 pp, the p-value as the interval inverted,
 Holm against a direct reading of its definition, the pair count, variance-share intervals under a known null, and
 each verdict rule end to end on a small archive written here (plus the claims file's one-line
-errors). `test_verdict_simulation.py` runs the rule on many studies."""
+errors and the verdict cache). `test_verdict_simulation.py` runs the rule on many studies."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -296,6 +297,27 @@ def test_an_effect_inside_the_sesoi_says_so_whichever_its_sign(tmp_path):
     assert "| **replicated**, but smaller than ±3.0 pp |" in table and "| **contradicted** |" in table
     outcome = "\n".join(verdict_table.beside(verdicts, verdicts, ("now", "then")))
     assert outcome.count("**contradicted**, but smaller than ±3.0 pp") == 2  # now and then
+
+
+def test_the_verdict_cache_sees_a_metrics_file_rewritten_in_place(tmp_path):
+    """`verdict_table.family` evaluates a claims file once a process for archives as they stand: a
+    metrics.json rewritten in place, same size and modification time, directories untouched,
+    still gives a fresh verdict."""
+    from distill.experiments.report import verdict_table
+
+    results = tmp_path / "results"
+    _archive(results, "up", lambda mix, lr, seed: 0.4 + 0.1 * (mix == 0) + 0.004 * seed * mix)
+    claims = load_claims(_claims(tmp_path, [("grows", "up", "increase")]))
+    assert verdict_table.family(claims, {})[0].verdict == "replicated"
+    assert verdict_table.family(claims, {}) is verdict_table.family(claims, {})  # evaluated once
+    for metrics in (results / "up").glob("*mix=0*/metrics.json"):
+        before = metrics.stat()
+        text = metrics.read_text()
+        assert '"test/x/accuracy": 0.5' in text
+        metrics.write_text(text.replace('"test/x/accuracy": 0.5', '"test/x/accuracy": 0.3'))
+        os.utime(metrics, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert metrics.stat().st_size == before.st_size
+    assert verdict_table.family(claims, {})[0].verdict == "contradicted"
 
 
 def test_a_knob_left_undeclared_is_refused(tmp_path):

@@ -10,6 +10,7 @@ shows the same verdict for a claim. `distill report --claims FILE` alone prints 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -40,12 +41,12 @@ def attached_claims(sweep_dir: Path) -> tuple[Path, str] | None:
 
 def family(claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> list[Verdict]:
     """Every claim's verdict, evaluated once a process for a claims file and sweep directories as
-    they stand (the claims as read, and each archive's modification time, are part of the key)."""
+    they stand (the claims as read, and the fingerprint of every archive they read, are the key)."""
     results = claims.results.resolve()
     sweep_dirs = {k: v for k, v in sweep_dirs.items() if Path(v).resolve() != results / k}
-    archives = sorted(
+    sweeps = sorted(
         {
-            stage_dir(a, sweep_dirs, claims.results)
+            stage_dir(a.split("/")[0], sweep_dirs, claims.results)
             for c in claims.claims
             for a in (c.archive, c.baseline)
             if a
@@ -54,11 +55,30 @@ def family(claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> list[Verdict]:
     key = (
         repr(claims),
         tuple(sorted((k, str(Path(v).resolve())) for k, v in sweep_dirs.items())),
-        tuple(a.stat().st_mtime_ns if a.is_dir() else None for a in archives),
+        tuple(_fingerprint(s) for s in sweeps),
     )
     if key not in _FAMILIES:
         _FAMILIES[key] = evaluate(claims, sweep_dirs)
     return _FAMILIES[key]
+
+
+def _fingerprint(sweep: Path) -> str | None:
+    """What a sweep directory's verdicts depend on, as a digest: the path, size and modification
+    time of every file outside its reports, and the bytes of every JSON and YAML file among them
+    (metrics, settings, references, stages), so a `metrics.json` rewritten in place within one
+    clock tick still counts. None for a directory that is not there."""
+    if not sweep.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(sweep.rglob("*")):
+        where = path.relative_to(sweep)
+        if "report" in where.parts or not path.is_file():
+            continue
+        stat = path.stat()
+        digest.update(f"{where}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        if path.suffix in (".json", ".yaml"):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _fmt(claim: Claim, value: float, signed: bool = True) -> str:
