@@ -1,6 +1,7 @@
 """The statistics behind the verdicts, on simulated data with known effects: coverage of the t,
 stratified and bootstrap intervals, bounds stable to 0.1 pp, the p-value as the interval inverted,
-Holm against a direct reading of its definition, the pair count, variance-share intervals under a known null, and
+Holm against a direct reading of its definition, the pair count, the F tail and the independence
+check against closed forms and a direct ANOVA, variance-share intervals under a known null, and
 each verdict rule end to end on a small archive written here (plus the claims file's one-line
 errors and the verdict cache). `test_verdict_simulation.py` runs the rule on many studies."""
 
@@ -17,7 +18,7 @@ import pytest
 
 from distill.experiments.run.claims import ClaimsError, load_claims
 from distill.experiments.stats.analysis import factor_importance
-from distill.experiments.stats.intervals import estimate, holm, t_tail
+from distill.experiments.stats.intervals import estimate, f_tail, holm, independence, t_tail
 from distill.experiments.stats.verdicts import evaluate
 
 
@@ -117,6 +118,45 @@ def test_the_pair_count_is_the_pairs_the_estimate_uses():
 def test_no_spread_means_no_p_value():
     est = estimate([np.full(4, 0.1), np.full(3, 0.1)])
     assert est.se == 0 and math.isnan(est.p) and est.n == 7
+
+
+def test_the_f_tail_matches_its_closed_forms():
+    """P(F > f): (1 + 2f/d2)^(−d2/2) for 2 numerator df, 1 − (d1 f / (2 + d1 f))^(d1/2) for 2
+    denominator df, and twice Student's tail at √f for 1 numerator df."""
+    for f in (0.0, 0.3, 1.0, 2.5, 7.0, 40.0):
+        for d in (1, 3, 6.5, 30):
+            assert f_tail(f, 2, d) == pytest.approx((1 + 2 * f / d) ** (-d / 2), rel=1e-10, abs=1e-14)
+            assert f_tail(f, d, 2) == pytest.approx(1 - (d * f / (2 + d * f)) ** (d / 2), rel=1e-9, abs=1e-14)
+            assert f_tail(f, 1, d) == pytest.approx(2 * t_tail(math.sqrt(f), d), rel=1e-8, abs=1e-14)
+    assert f_tail(math.inf, 3, 4) == 0.0
+    with pytest.raises(ValueError):
+        f_tail(-1.0, 3, 4)
+
+
+def test_the_independence_check_is_the_anova_of_the_seed_after_the_strata():
+    """Balanced strata x seeds: the F of a two-way additive ANOVA (seed after stratum), computed
+    here from its sums of squares; one stratum with each seed twice (paired by seed and mix): the
+    one-way ANOVA. No seed that recurs: nothing to check."""
+    rng = np.random.default_rng(6)
+    s, g = 3, 4
+    y = (
+        rng.normal(size=(s, g)) + np.array([0.5, -1.0, 2.0])[:, None]
+    )  # the strata differ: not the seed's doing
+    check = independence(list(y), [[f"{k}" for k in range(g)]] * s, "seed")
+    centred = y - y.mean(axis=1, keepdims=True)
+    seed_means = centred.mean(axis=0)
+    ss_seed, ss_residual = s * (seed_means**2).sum(), ((centred - seed_means) ** 2).sum()
+    f = ss_seed / (g - 1) / (ss_residual / ((s - 1) * (g - 1)))
+    assert (check.knob, check.df1, check.df2) == ("seed", g - 1, (s - 1) * (g - 1))
+    assert check.f == pytest.approx(f) and check.p == pytest.approx(f_tail(f, g - 1, (s - 1) * (g - 1)))
+
+    pairs = rng.normal(size=(g, 2))  # seed x mix
+    check = independence([pairs.ravel()], [[f"{k}" for k in range(g) for _ in range(2)]], "seed")
+    between = 2 * ((pairs.mean(axis=1) - pairs.mean()) ** 2).sum() / (g - 1)
+    within = ((pairs - pairs.mean(axis=1, keepdims=True)) ** 2).sum() / (2 * g - g)
+    assert check.f == pytest.approx(between / within) and (check.df1, check.df2) == (g - 1, g)
+    assert independence([np.array([1.0, 2.0, 4.0])], [["0", "1", "2"]], "seed") is None
+    assert independence([np.full(3, 0.1), np.full(3, 0.1)], [["0", "1", "2"]] * 2, "seed") is None
 
 
 def test_variance_share_interval_covers_a_known_null():
@@ -297,6 +337,41 @@ def test_an_effect_inside_the_sesoi_says_so_whichever_its_sign(tmp_path):
     assert "| **replicated**, but smaller than ±3.0 pp |" in table and "| **contradicted** |" in table
     outcome = "\n".join(verdict_table.beside(verdicts, verdicts, ("now", "then")))
     assert outcome.count("**contradicted**, but smaller than ±3.0 pp") == 2  # now and then
+
+
+def test_pairs_that_share_a_seed_and_differ_alike_get_a_caveat(tmp_path):
+    """Paired by seed across two learning rates: where each seed adds its own amount to side a at
+    both rates, the pairs are not independent, and the verdict files say so beside the claim (F
+    test of the seed after the strata); where the seeds add nothing, they do not."""
+    from distill.experiments.report import verdict_table
+
+    results = tmp_path / "results"
+    rng = np.random.default_rng(9)
+    carried, noise = (0.03, -0.02, 0.01, -0.03), rng.normal(0, 0.002, size=(2, 2, 4))
+    _archive(
+        results,
+        "carried",
+        lambda mix, lr, seed: 0.4 + (mix == 0) * (0.05 + carried[seed]) + noise[mix, int(lr > 5e-4), seed],
+        seeds=4,
+    )
+    _archive(
+        results,
+        "apart",
+        lambda mix, lr, seed: 0.4 + (mix == 0) * 0.05 + noise[mix, int(lr > 5e-4), seed],
+        seeds=4,
+    )
+    path = _claims(tmp_path, [("carried", "carried", "increase"), ("apart", "apart", "increase")])
+    claims = load_claims(path)
+    verdicts = {v.claim.id: v for v in evaluate(claims)}
+    checked = verdicts["carried"].independence
+    assert checked.knob == "seed" and (checked.df1, checked.df2) == (3, 3) and checked.p < 0.01
+    assert verdicts["apart"].independence.p > 0.05
+    texts = verdict_table.files(claims, "claims.yaml", list(verdicts.values()), 2)
+    lines = [line for line in texts["verdicts.md"].splitlines() if "differ alike" in line]
+    assert len(lines) == 1 and lines[0].startswith("- `carried`: pairs that share a seed differ alike (F = ")
+    found = {v["id"]: v["independence"] for v in json.loads(texts["verdicts.json"])["verdicts"]}
+    assert found["carried"]["knob"] == "seed" and found["carried"]["df"] == [3, 3]
+    assert found["apart"]["p"] == pytest.approx(verdicts["apart"].independence.p)
 
 
 def test_the_verdict_cache_sees_a_metrics_file_rewritten_in_place(tmp_path):

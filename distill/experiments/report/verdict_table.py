@@ -26,6 +26,7 @@ from distill.experiments.stats.verdicts import Verdict, evaluate, stage_dir
 
 CLAIMS_KEY = "claims"
 _FAMILIES: dict[tuple, list[Verdict]] = {}  # one evaluation per claims file and sweep directories
+DEPENDENT_BELOW = 0.05  # the independence check's p below which a claim's pairs get a caveat
 
 
 def attached_claims(sweep_dir: Path) -> tuple[Path, str] | None:
@@ -148,6 +149,22 @@ def _verdict(v: Verdict, reason: bool = True) -> str:
     return f"**{v.verdict}**{',' if v.reason.startswith('but ') else ':'} {v.reason}"
 
 
+def caveats(verdicts: list[Verdict]) -> list[str]:
+    """After a verdict table: a blank line, then a line for each claim whose pairs that share a seed
+    (the first `paired` knob) differ alike, since the interval takes them as independent and may
+    then be too narrow. Nothing when no claim's check fires."""
+    lines = []
+    for v in verdicts:
+        check = v.independence
+        if check is not None and check.p < DEPENDENT_BELOW:
+            lines.append(
+                f"- `{v.claim.id}`: pairs that share a {check.knob} differ alike (F = {check.f:.2f} on "
+                f"{check.df1} and {check.df2} df, p = {check.p:.3f}); the interval takes the pairs as "
+                "independent and may be too narrow."
+            )
+    return ["", *lines] if lines else []
+
+
 def rows(verdicts: list[Verdict]) -> list[list[str]]:
     out = []
     for v in verdicts:
@@ -214,6 +231,10 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
     def num(x: float | None) -> float | None:
         return None if x is None or not math.isfinite(x) else round(float(x), 10)
 
+    def checked(v: Verdict) -> dict[str, Any] | None:
+        i = v.independence
+        return None if i is None else {"knob": i.knob, "F": num(i.f), "df": [i.df1, i.df2], "p": num(i.p)}
+
     def est(e: Estimate | None) -> dict[str, Any] | None:
         if e is None:
             return None
@@ -252,6 +273,7 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
                 "p_adjusted": num(v.p_adjusted),
                 "mde": num(v.mde),
                 "per_stratum": [{"stratum": label, **est(e)} for label, e in v.strata],
+                "independence": checked(v),
                 "start": num(v.start),
                 "teacher": num(v.teacher),
             }
@@ -262,7 +284,7 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
 
 def files(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -> dict[str, str]:
     """The text of `verdicts.md` and `verdicts.json`."""
-    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), ""]
+    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), *caveats(verdicts), ""]
     return {
         "verdicts.md": "\n".join(md),
         "verdicts.json": json.dumps(as_json(claims, name, verdicts, size), indent=1) + "\n",
@@ -349,6 +371,7 @@ def _section(
         *intro(claims, name, size),
         "",
         *table(verdicts),
+        *caveats(verdicts),
         "",
         f"{_SECTION_TAIL} Everything below is exploratory: not declared in "
         f"`{name}`, so unadjusted for multiplicity and without a verdict.",
@@ -412,13 +435,14 @@ def claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> in
             f"its own Holm family ({size} and {family_size(old)} testable claims).",
             "",
             *beside(verdicts, old, labels),
+            *caveats(verdicts),
         ]
         print("\n".join(lines))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             (out / "outcome.md").write_text("\n".join(lines) + "\n")
         return 0
-    print("\n".join([*intro(claims, str(path), size), "", *table(verdicts)]))
+    print("\n".join([*intro(claims, str(path), size), "", *table(verdicts), *caveats(verdicts)]))
     if out is not None:
         write(claims, str(path), verdicts, size, out)
     return 0

@@ -1,5 +1,6 @@
 """Intervals for paired differences: Student's t below 10 pairs, the bootstrap from 10 on; the
-equal-weight estimate over strata; Holm's step-down; the minimum detectable effect.
+equal-weight estimate over strata; Holm's step-down; the minimum detectable effect; a check that
+pairs sharing a seed are independent.
 
 A *stratum* is a value of a fixed factor (e.g. a learning rate): its effect is not noise to be
 pooled. The stratified estimate is the equal-weight mean of the per-stratum mean differences,
@@ -23,6 +24,10 @@ at that level excludes 0. For the bootstrap this holds only if the p-value and t
 from the same resamples: `estimate` sizes them for the strictest level it may be asked at
 (`strictest`, Holm's first step) and draws them from its `seed`, so every level sees the same
 resamples, and p has no floor set by their number (0 when none falls on the other side of 0).
+
+The pairs are taken as independent. Where pairs share a value of a knob (the seed of a claim
+paired by seed and mix, or by seed across learning-rate strata), `independence` tests whether they
+differ alike: an F test of the knob's effect on the differences after each stratum's mean.
 """
 
 from __future__ import annotations
@@ -88,6 +93,47 @@ def t_quantile(p: float, df: float) -> float:
 
 
 NORMAL = NormalDist()
+
+
+def f_tail(f: float, df1: float, df2: float) -> float:
+    """P(F > f) for Snedecor's F with `df1`, `df2` > 0 degrees of freedom and f >= 0: the regularized
+    incomplete beta I_x(df2 / 2, df1 / 2) at x = df2 / (df2 + df1 f)."""
+    if f < 0 or not (df1 > 0 and df2 > 0):
+        raise ValueError(f"f_tail: need f >= 0 and df > 0, got f={f}, df1={df1}, df2={df2}")
+    if math.isinf(f):
+        return 0.0
+    return _beta_regularized(df2 / 2, df1 / 2, df2 / (df2 + df1 * f))
+
+
+def _beta_regularized(a: float, b: float, x: float) -> float:
+    """I_x(a, b) by its continued fraction (Numerical Recipes, 3rd ed., § 6.4; modified Lentz),
+    evaluated on the side of the symmetry I_x(a, b) = 1 − I_{1−x}(b, a) where it converges fast."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _beta_regularized(b, a, 1.0 - x)
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 1000):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * fraction / a
 
 
 def resamples(se: float, tail: float, resolution: float | None) -> int:
@@ -238,6 +284,53 @@ def holm(p_values: list[float], alpha: float = 0.05) -> tuple[list[float], list[
             stopped = rank
         levels[i] = 1 - alpha / (m - (rank if stopped is None else stopped))
     return adjusted, levels
+
+
+@dataclass(frozen=True)
+class Independence:
+    """The F test of a knob's effect on paired differences beyond their strata's means: whether
+    pairs that share the knob's value (a seed) differ alike, as independent pairs would not."""
+
+    knob: str
+    f: float
+    df1: int
+    df2: int
+    p: float
+
+
+def independence(strata: list[np.ndarray], clusters: list[list], knob: str) -> Independence | None:
+    """The nested-model F test of `knob` on the differences of `strata`, `clusters[i][j]` being the
+    knob's value of difference j of stratum i: residual sums of squares of least squares on the
+    strata alone and on strata plus knob (additive; exact for unbalanced designs too). None when no
+    value of the knob recurs across pairs, when the fit leaves no degrees of freedom, or without
+    spread."""
+    groups = [np.asarray(d, dtype=float) for d in strata]
+    labels = [c for cs in clusters for c in cs]
+    y = np.concatenate(groups) if groups else np.empty(0)
+    if len(labels) != y.size:
+        raise ValueError(f"independence: {len(labels)} knob values for {y.size} differences")
+    if len(set(labels)) == len(labels):
+        return None
+    if all(d.size < 2 or float(np.ptp(d)) <= 1e-12 * max(1.0, float(np.abs(d).max())) for d in groups):
+        return None
+    stratum = np.repeat(np.arange(len(groups)), [d.size for d in groups])
+    blocks = (stratum[:, None] == np.arange(len(groups))).astype(float)
+    values = list(dict.fromkeys(labels))
+    knob_columns = np.array([[label == v for v in values] for label in labels], dtype=float)
+
+    def fit(x: np.ndarray) -> tuple[float, int]:
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        residual = y - x @ coef
+        return float(residual @ residual), int(np.linalg.matrix_rank(x))
+
+    rss_strata, rank_strata = fit(blocks)
+    rss_full, rank_full = fit(np.hstack([blocks, knob_columns]))
+    df1, df2 = rank_full - rank_strata, y.size - rank_full
+    if df1 < 1 or df2 < 1:
+        return None
+    f = (rss_strata - rss_full) / df1 / (rss_full / df2) if rss_full > 0 else math.inf
+    f = max(0.0, f)  # rounding can leave -1e-16 when the knob explains nothing
+    return Independence(knob, f, df1, df2, f_tail(f, df1, df2))
 
 
 def minimum_detectable(se: float, df: float, level: float, power: float = 0.8) -> float:

@@ -29,6 +29,10 @@ the claims that assert an effect (a directional *replicated* or *contradicted*, 
 *contradicted*, whose interval then excludes 0 as well) at 1 − level. An equivalence verdict (*no
 effect*, an equality's *replicated*) is a two one-sided test read off the same interval: each errs
 with chance at most (1 − its level) / 2 <= 2.5 %, a bound per claim, not one over the family.
+
+The pairs are taken as independent. Where a value of the first `paired` knob (the seed) recurs
+across pairs, `intervals.independence` tests whether those pairs differ alike, and the report
+says so beside the claim when they do.
 """
 
 from __future__ import annotations
@@ -45,7 +49,14 @@ from distill.experiments.run.axes import format_value
 from distill.experiments.run.claims import Claim, ClaimsError, ClaimsFile
 from distill.experiments.run.records import RunRecord, chained_pairs, is_share, load_records, read_stages
 from distill.experiments.run.references import load_references
-from distill.experiments.stats.intervals import Estimate, estimate, holm, minimum_detectable
+from distill.experiments.stats.intervals import (
+    Estimate,
+    Independence,
+    estimate,
+    holm,
+    independence,
+    minimum_detectable,
+)
 
 VERDICTS = ("replicated", "contradicted", "no effect", "unresolved", "not testable", "no runs yet")
 
@@ -67,6 +78,7 @@ class Verdict:
     start: float | None = None
     teacher: float | None = None
     raw: list[float] = field(default_factory=list)  # the metric of every run of the contrast
+    independence: Independence | None = None  # pairs sharing a seed: do they differ alike?
 
 
 def _same(x: Any, y: Any) -> bool:
@@ -116,8 +128,9 @@ def _check_knobs(claim: Claim, runs: list[RunRecord]) -> None:
         )
 
 
-def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, list[float]]:
-    """Per stratum (a tuple of formatted values), the paired differences a − b."""
+def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, list[tuple[tuple, float]]]:
+    """Per stratum (a tuple of formatted values), each pair's `paired` knob values and its
+    difference a − b."""
     _check_knobs(claim, [r for r, _ in values])
     sides: dict[str, dict[tuple, float]] = {"a": {}, "b": {}}
     for record, value in values:
@@ -137,9 +150,10 @@ def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, l
                         )
                     value = math.log(value)
                 sides[side][key] = value
-    out: dict[tuple, list[float]] = defaultdict(list)
+    out: dict[tuple, list[tuple[tuple, float]]] = defaultdict(list)
+    cut = len(claim.strata)
     for key in sorted(set(sides["a"]) & set(sides["b"]), key=_order):
-        out[key[: len(claim.strata)]].append(sides["a"][key] - sides["b"][key])
+        out[key[:cut]].append((key[cut:], sides["a"][key] - sides["b"][key]))
     return dict(out)
 
 
@@ -240,7 +254,7 @@ def decide(
 
 def _observe(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> Verdict:
     """A pending verdict: the claim's paired differences and references read from its archive
-    (or "no runs yet"), with its per-stratum estimates."""
+    (or "no runs yet"), with its per-stratum estimates and the check of its pairs' independence."""
     directory = stage_dir(claim.archive, sweep_dirs, claims.results)
     baseline = stage_dir(claim.baseline, sweep_dirs, claims.results) if claim.baseline else None
     values = _values(claim, directory, baseline)
@@ -256,11 +270,13 @@ def _observe(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str,
         for r in runs
         if _matches(r, claim.within) and (_matches(r, claim.a) or _matches(r, claim.b))
     ]
-    groups = [np.array(d) for d in strata.values()]
+    groups = [np.array([d for _, d in pairs]) for pairs in strata.values()]
     per = [
         (", ".join(k) or "all", estimate([g], claims.level, _resolution(claim), seed=index))
         for k, g in zip(strata, groups)
     ]
+    clusters = [[keys[0] for keys, _ in pairs] for pairs in strata.values()]
+    checked = independence(groups, clusters, claim.paired[0]) if claim.paired else None
     return Verdict(
         claim,
         "",
@@ -270,6 +286,7 @@ def _observe(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str,
         start=start,
         teacher=teacher,
         raw=raw,
+        independence=checked,
     )
 
 
