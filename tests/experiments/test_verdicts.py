@@ -1,13 +1,16 @@
 """The statistics behind the verdicts, on simulated data with known effects: coverage of the t,
-stratified and bootstrap intervals, bounds stable to 0.1 pp, Holm against a direct reading of its
-definition, variance-share intervals under a known null, and each verdict rule end to end on a
-small archive written here (plus the claims file's one-line errors)."""
+stratified and bootstrap intervals, bounds stable to 0.1 pp, the p-value as the interval inverted,
+Holm against a direct reading of its definition, the pair count, the F tail and the independence
+check against closed forms and a direct ANOVA, variance-share intervals under a known null, and
+each verdict rule end to end on a small archive written here (plus the claims file's one-line
+errors and the verdict cache). `test_verdict_simulation.py` runs the rule on many studies."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,7 @@ import pytest
 
 from distill.experiments.run.claims import ClaimsError, load_claims
 from distill.experiments.stats.analysis import factor_importance
-from distill.experiments.stats.intervals import estimate, holm
+from distill.experiments.stats.intervals import estimate, f_tail, holm, independence, t_tail
 from distill.experiments.stats.verdicts import evaluate
 
 
@@ -79,6 +82,81 @@ def test_holm_matches_its_definition_and_its_levels_match_its_decisions():
     for s, adj, level in zip(studies, adjusted, levels):
         at = estimate(s, level)
         assert (at.low > 0 or at.high < 0) == (adj <= 0.05)
+
+
+def test_the_bootstrap_p_value_is_its_interval_inverted_without_a_floor():
+    """p is the smallest 1 − level whose interval excludes 0, read off the same resamples at every
+    level (sized for the strictest): a t of about 40 gets p below anything a count of resamples
+    could floor it at (2,000 resamples once gave 0.009), and at moderate t the bootstrap's p is
+    close to Student's."""
+    rng = np.random.default_rng(4)
+    steady = [rng.normal(0.09, 0.01, size=12) for _ in range(2)]
+    est = estimate(steady, 0.95, 0.001, seed=0)
+    assert est.method == "bootstrap" and est.point / est.se > 30 and est.p < 1e-6
+    for k in range(25):
+        groups = [rng.normal(rng.uniform(0, 0.03), 0.03, size=12) for _ in range(2)]
+        first = estimate(groups, 0.95, 0.005, seed=k, strictest=0.999)
+        for level in (0.9, 0.95, 0.99, 0.995, 0.999):
+            at = estimate(groups, level, 0.005, seed=k, strictest=0.999)
+            assert at.resamples == first.resamples
+            assert (at.low > 0 or at.high < 0) == (first.p < 1 - level)
+    for k in range(8):
+        groups = [rng.normal(0.45, 1.0, size=15) for _ in range(2)]
+        est = estimate(groups, 0.95, 0.05, seed=k, strictest=0.99)
+        if 1 < abs(est.point) / est.se < 3:
+            assert est.p == pytest.approx(2 * t_tail(abs(est.point) / est.se, est.df), rel=0.4)
+
+
+def test_the_pair_count_is_the_pairs_the_estimate_uses():
+    """A stratum of one pair has no spread and is left out of the mean: of the count too."""
+    est = estimate([np.array([0.30]), np.array([0.0, 0.01, 0.02])])
+    assert est.n == 3 and est.point == pytest.approx(0.01)
+    lone = estimate([np.array([0.30]), np.array([0.10])])  # no interval: the lone pairs are the point
+    assert lone.method == "none" and lone.n == 2 and lone.point == pytest.approx(0.20)
+
+
+def test_no_spread_means_no_p_value():
+    est = estimate([np.full(4, 0.1), np.full(3, 0.1)])
+    assert est.se == 0 and math.isnan(est.p) and est.n == 7
+
+
+def test_the_f_tail_matches_its_closed_forms():
+    """P(F > f): (1 + 2f/d2)^(−d2/2) for 2 numerator df, 1 − (d1 f / (2 + d1 f))^(d1/2) for 2
+    denominator df, and twice Student's tail at √f for 1 numerator df."""
+    for f in (0.0, 0.3, 1.0, 2.5, 7.0, 40.0):
+        for d in (1, 3, 6.5, 30):
+            assert f_tail(f, 2, d) == pytest.approx((1 + 2 * f / d) ** (-d / 2), rel=1e-10, abs=1e-14)
+            assert f_tail(f, d, 2) == pytest.approx(1 - (d * f / (2 + d * f)) ** (d / 2), rel=1e-9, abs=1e-14)
+            assert f_tail(f, 1, d) == pytest.approx(2 * t_tail(math.sqrt(f), d), rel=1e-8, abs=1e-14)
+    assert f_tail(math.inf, 3, 4) == 0.0
+    with pytest.raises(ValueError):
+        f_tail(-1.0, 3, 4)
+
+
+def test_the_independence_check_is_the_anova_of_the_seed_after_the_strata():
+    """Balanced strata x seeds: the F of a two-way additive ANOVA (seed after stratum), computed
+    here from its sums of squares; one stratum with each seed twice (paired by seed and mix): the
+    one-way ANOVA. No seed that recurs: nothing to check."""
+    rng = np.random.default_rng(6)
+    s, g = 3, 4
+    y = (
+        rng.normal(size=(s, g)) + np.array([0.5, -1.0, 2.0])[:, None]
+    )  # the strata differ: not the seed's doing
+    check = independence(list(y), [[f"{k}" for k in range(g)]] * s, "seed")
+    centred = y - y.mean(axis=1, keepdims=True)
+    seed_means = centred.mean(axis=0)
+    ss_seed, ss_residual = s * (seed_means**2).sum(), ((centred - seed_means) ** 2).sum()
+    f = ss_seed / (g - 1) / (ss_residual / ((s - 1) * (g - 1)))
+    assert (check.knob, check.df1, check.df2) == ("seed", g - 1, (s - 1) * (g - 1))
+    assert check.f == pytest.approx(f) and check.p == pytest.approx(f_tail(f, g - 1, (s - 1) * (g - 1)))
+
+    pairs = rng.normal(size=(g, 2))  # seed x mix
+    check = independence([pairs.ravel()], [[f"{k}" for k in range(g) for _ in range(2)]], "seed")
+    between = 2 * ((pairs.mean(axis=1) - pairs.mean()) ** 2).sum() / (g - 1)
+    within = ((pairs - pairs.mean(axis=1, keepdims=True)) ** 2).sum() / (2 * g - g)
+    assert check.f == pytest.approx(between / within) and (check.df1, check.df2) == (g - 1, g)
+    assert independence([np.array([1.0, 2.0, 4.0])], [["0", "1", "2"]], "seed") is None
+    assert independence([np.full(3, 0.1), np.full(3, 0.1)], [["0", "1", "2"]] * 2, "seed") is None
 
 
 def test_variance_share_interval_covers_a_known_null():
@@ -185,6 +263,136 @@ def test_each_verdict_rule(tmp_path):
         math.isfinite(verdicts["unresolved"].mde)
         and "detectable at 80 % power" in verdicts["unresolved"].reason
     )
+
+
+def test_a_clear_bootstrap_claim_is_rejected_exactly_where_its_interval_excludes_0(tmp_path):
+    """A bootstrap claim with t of about 80 among three claims of p about 0.002 and twelve nulls: with
+    a p-value floored by its 2,000 resamples (0.005) Holm ranked it fourth and stopped there
+    (adjusted p 0.06), while its interval at that step's level excluded 0 and it read replicated.
+    Now every adjusted interval excludes 0 exactly when Holm rejects, and its p is below every
+    other."""
+    results = tmp_path / "results"
+    noise = np.random.default_rng(5).normal(0, 0.004, size=(2, 2, 12))
+    _archive(
+        results,
+        "steady",
+        lambda mix, lr, seed: 0.4 + 0.09 * (mix == 0) + noise[mix, int(lr > 5e-4), seed],
+        seeds=12,
+    )
+    for k, effect in enumerate((0.030, 0.032, 0.034)):  # p about 0.0018, 0.0014, 0.0011 (t, 4 df)
+        _archive(
+            results, f"clear{k}", lambda mix, lr, seed, e=effect: 0.4 + (mix == 0) * (e + 0.01 * (seed - 1))
+        )
+    _archive(results, "flat", lambda mix, lr, seed: 0.4 + (mix == 0) * 0.01 * (seed - 1))
+    claims = [("steady", "steady", "increase")]
+    claims += [(f"clear{k}", f"clear{k}", "increase") for k in range(3)]
+    claims += [(f"flat{k}", "flat", "increase") for k in range(12)]
+    verdicts = {v.claim.id: v for v in evaluate(load_claims(_claims(tmp_path, claims)))}
+    for v in verdicts.values():
+        assert (v.adjusted.low > 0 or v.adjusted.high < 0) == (v.p_adjusted <= 0.05), v.claim.id
+    steady = verdicts["steady"]
+    assert steady.estimate.method == "bootstrap" and steady.estimate.p < 1e-6
+    assert steady.verdict == "replicated" and steady.p_adjusted <= 0.05
+    assert [verdicts[f"clear{k}"].verdict for k in range(3)] == ["replicated"] * 3
+
+
+def test_a_claim_without_spread_is_not_a_rejection_in_holms_family(tmp_path):
+    """Every pair +0.1 exactly: no interval, no p-value, and in Holm's family p = 1. Counted as a
+    rejection (p = 0 once), it let Holm test the other claim at 95 % instead of 97.5 %, and that
+    claim, whose interval at 97.5 % lies within ±3 pp, read replicated instead of no effect."""
+    results = tmp_path / "results"
+    _archive(results, "exact", lambda mix, lr, seed: 0.5 if mix == 0 else 0.4)
+    _archive(results, "small", lambda mix, lr, seed: 0.4 + (mix == 0) * (0.0122 + 0.01 * (seed - 1)))
+    claims = [("exact", "exact", "increase"), ("small", "small", "increase")]
+    verdicts = {v.claim.id: v for v in evaluate(load_claims(_claims(tmp_path, claims)))}
+    exact, small = verdicts["exact"], verdicts["small"]
+    assert small.verdict == "no effect" and small.adjusted.level == pytest.approx(0.975)
+    assert 0.025 < small.estimate.p < 0.05 and small.p_adjusted == pytest.approx(2 * small.estimate.p)
+    assert (exact.verdict, exact.reason) == ("unresolved", "no spread between pairs: no interval")
+    assert math.isnan(exact.estimate.p) and exact.p_adjusted == 1.0
+
+
+def test_an_effect_inside_the_sesoi_says_so_whichever_its_sign(tmp_path):
+    """A contradiction whose whole interval lies within ±s reads "contradicted, but smaller than ±s",
+    as a replication does, in the verdict table and in the outcome table; a large one reads plain."""
+    from distill.experiments.report import verdict_table
+
+    results = tmp_path / "results"
+    noise = np.random.default_rng(8).normal(0, 0.002, size=(2, 2, 3))
+    for name, effect in (("down_a_little", -0.01), ("up_a_little", 0.01), ("down", -0.10)):
+        _archive(
+            results,
+            name,
+            lambda mix, lr, seed, e=effect: 0.4 + e * (mix == 0) + noise[mix, int(lr > 5e-4), seed],
+        )
+    claims = [(name, name, "increase") for name in ("down_a_little", "up_a_little", "down")]
+    verdicts = evaluate(load_claims(_claims(tmp_path, claims)))
+    assert [(v.verdict, v.reason) for v in verdicts] == [
+        ("contradicted", "but smaller than ±3.0 pp"),
+        ("replicated", "but smaller than ±3.0 pp"),
+        ("contradicted", ""),
+    ]
+    table = "\n".join(verdict_table.table(verdicts))
+    assert "| **contradicted**, but smaller than ±3.0 pp |" in table
+    assert "| **replicated**, but smaller than ±3.0 pp |" in table and "| **contradicted** |" in table
+    outcome = "\n".join(verdict_table.beside(verdicts, verdicts, ("now", "then")))
+    assert outcome.count("**contradicted**, but smaller than ±3.0 pp") == 2  # now and then
+
+
+def test_pairs_that_share_a_seed_and_differ_alike_get_a_caveat(tmp_path):
+    """Paired by seed across two learning rates: where each seed adds its own amount to side a at
+    both rates, the pairs are not independent, and the verdict files say so beside the claim (F
+    test of the seed after the strata); where the seeds add nothing, they do not."""
+    from distill.experiments.report import verdict_table
+
+    results = tmp_path / "results"
+    rng = np.random.default_rng(9)
+    carried, noise = (0.03, -0.02, 0.01, -0.03), rng.normal(0, 0.002, size=(2, 2, 4))
+    _archive(
+        results,
+        "carried",
+        lambda mix, lr, seed: 0.4 + (mix == 0) * (0.05 + carried[seed]) + noise[mix, int(lr > 5e-4), seed],
+        seeds=4,
+    )
+    _archive(
+        results,
+        "apart",
+        lambda mix, lr, seed: 0.4 + (mix == 0) * 0.05 + noise[mix, int(lr > 5e-4), seed],
+        seeds=4,
+    )
+    path = _claims(tmp_path, [("carried", "carried", "increase"), ("apart", "apart", "increase")])
+    claims = load_claims(path)
+    verdicts = {v.claim.id: v for v in evaluate(claims)}
+    checked = verdicts["carried"].independence
+    assert checked.knob == "seed" and (checked.df1, checked.df2) == (3, 3) and checked.p < 0.01
+    assert verdicts["apart"].independence.p > 0.05
+    texts = verdict_table.files(claims, "claims.yaml", list(verdicts.values()), 2)
+    lines = [line for line in texts["verdicts.md"].splitlines() if "differ alike" in line]
+    assert len(lines) == 1 and lines[0].startswith("- `carried`: pairs that share a seed differ alike (F = ")
+    found = {v["id"]: v["independence"] for v in json.loads(texts["verdicts.json"])["verdicts"]}
+    assert found["carried"]["knob"] == "seed" and found["carried"]["df"] == [3, 3]
+    assert found["apart"]["p"] == pytest.approx(verdicts["apart"].independence.p)
+
+
+def test_the_verdict_cache_sees_a_metrics_file_rewritten_in_place(tmp_path):
+    """`verdict_table.family` evaluates a claims file once a process for archives as they stand: a
+    metrics.json rewritten in place, same size and modification time, directories untouched,
+    still gives a fresh verdict."""
+    from distill.experiments.report import verdict_table
+
+    results = tmp_path / "results"
+    _archive(results, "up", lambda mix, lr, seed: 0.4 + 0.1 * (mix == 0) + 0.004 * seed * mix)
+    claims = load_claims(_claims(tmp_path, [("grows", "up", "increase")]))
+    assert verdict_table.family(claims, {})[0].verdict == "replicated"
+    assert verdict_table.family(claims, {}) is verdict_table.family(claims, {})  # evaluated once
+    for metrics in (results / "up").glob("*mix=0*/metrics.json"):
+        before = metrics.stat()
+        text = metrics.read_text()
+        assert '"test/x/accuracy": 0.5' in text
+        metrics.write_text(text.replace('"test/x/accuracy": 0.5', '"test/x/accuracy": 0.3'))
+        os.utime(metrics, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert metrics.stat().st_size == before.st_size
+    assert verdict_table.family(claims, {})[0].verdict == "contradicted"
 
 
 def test_a_knob_left_undeclared_is_refused(tmp_path):

@@ -10,6 +10,7 @@ shows the same verdict for a claim. `distill report --claims FILE` alone prints 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -25,6 +26,7 @@ from distill.experiments.stats.verdicts import Verdict, evaluate, stage_dir
 
 CLAIMS_KEY = "claims"
 _FAMILIES: dict[tuple, list[Verdict]] = {}  # one evaluation per claims file and sweep directories
+DEPENDENT_BELOW = 0.05  # the independence check's p below which a claim's pairs get a caveat
 
 
 def attached_claims(sweep_dir: Path) -> tuple[Path, str] | None:
@@ -40,12 +42,12 @@ def attached_claims(sweep_dir: Path) -> tuple[Path, str] | None:
 
 def family(claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> list[Verdict]:
     """Every claim's verdict, evaluated once a process for a claims file and sweep directories as
-    they stand (the claims as read, and each archive's modification time, are part of the key)."""
+    they stand (the claims as read, and the fingerprint of every archive they read, are the key)."""
     results = claims.results.resolve()
     sweep_dirs = {k: v for k, v in sweep_dirs.items() if Path(v).resolve() != results / k}
-    archives = sorted(
+    sweeps = sorted(
         {
-            stage_dir(a, sweep_dirs, claims.results)
+            stage_dir(a.split("/")[0], sweep_dirs, claims.results)
             for c in claims.claims
             for a in (c.archive, c.baseline)
             if a
@@ -54,11 +56,30 @@ def family(claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> list[Verdict]:
     key = (
         repr(claims),
         tuple(sorted((k, str(Path(v).resolve())) for k, v in sweep_dirs.items())),
-        tuple(a.stat().st_mtime_ns if a.is_dir() else None for a in archives),
+        tuple(_fingerprint(s) for s in sweeps),
     )
     if key not in _FAMILIES:
         _FAMILIES[key] = evaluate(claims, sweep_dirs)
     return _FAMILIES[key]
+
+
+def _fingerprint(sweep: Path) -> str | None:
+    """What a sweep directory's verdicts depend on, as a digest: the path, size and modification
+    time of every file outside its reports, and the bytes of every JSON and YAML file among them
+    (metrics, settings, references, stages), so a `metrics.json` rewritten in place within one
+    clock tick still counts. None for a directory that is not there."""
+    if not sweep.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(sweep.rglob("*")):
+        where = path.relative_to(sweep)
+        if "report" in where.parts or not path.is_file():
+            continue
+        stat = path.stat()
+        digest.update(f"{where}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        if path.suffix in (".json", ".yaml"):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _fmt(claim: Claim, value: float, signed: bool = True) -> str:
@@ -121,12 +142,35 @@ def _pairs(v: Verdict) -> str:
     return str(v.estimate.n) if v.estimate is not None else "0"
 
 
+def _verdict(v: Verdict, reason: bool = True) -> str:
+    """The verdict in bold, with its reason (a caveat such as "but smaller than ±s" follows a comma)."""
+    if not (reason and v.reason):
+        return f"**{v.verdict}**"
+    return f"**{v.verdict}**{',' if v.reason.startswith('but ') else ':'} {v.reason}"
+
+
+def caveats(verdicts: list[Verdict]) -> list[str]:
+    """After a verdict table: a blank line, then a line for each claim whose pairs that share a seed
+    (the first `paired` knob) differ alike, since the interval takes them as independent and may
+    then be too narrow. Nothing when no claim's check fires."""
+    lines = []
+    for v in verdicts:
+        check = v.independence
+        if check is not None and check.p < DEPENDENT_BELOW:
+            lines.append(
+                f"- `{v.claim.id}`: pairs that share a {check.knob} differ alike (F = {check.f:.2f} on "
+                f"{check.df1} and {check.df2} df, p = {check.p:.3f}); the interval takes the pairs as "
+                "independent and may be too narrow."
+            )
+    return ["", *lines] if lines else []
+
+
 def rows(verdicts: list[Verdict]) -> list[list[str]]:
     out = []
     for v in verdicts:
         c = v.claim
         per = "; ".join(f"{label}: {_interval(c, e)}" for label, e in v.strata) if len(v.strata) > 1 else ""
-        verdict = f"**{v.verdict}**" + (f": {v.reason}" if v.reason else "")
+        verdict = _verdict(v)
         shown = v.adjusted or v.estimate
         out.append(
             [
@@ -187,6 +231,10 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
     def num(x: float | None) -> float | None:
         return None if x is None or not math.isfinite(x) else round(float(x), 10)
 
+    def checked(v: Verdict) -> dict[str, Any] | None:
+        i = v.independence
+        return None if i is None else {"knob": i.knob, "F": num(i.f), "df": [i.df1, i.df2], "p": num(i.p)}
+
     def est(e: Estimate | None) -> dict[str, Any] | None:
         if e is None:
             return None
@@ -225,6 +273,7 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
                 "p_adjusted": num(v.p_adjusted),
                 "mde": num(v.mde),
                 "per_stratum": [{"stratum": label, **est(e)} for label, e in v.strata],
+                "independence": checked(v),
                 "start": num(v.start),
                 "teacher": num(v.teacher),
             }
@@ -235,7 +284,7 @@ def as_json(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -
 
 def files(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int) -> dict[str, str]:
     """The text of `verdicts.md` and `verdicts.json`."""
-    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), ""]
+    md = ["# Verdicts", "", *intro(claims, name, size), "", *table(verdicts), *caveats(verdicts), ""]
     return {
         "verdicts.md": "\n".join(md),
         "verdicts.json": json.dumps(as_json(claims, name, verdicts, size), indent=1) + "\n",
@@ -249,12 +298,12 @@ def write(claims: ClaimsFile, name: str, verdicts: list[Verdict], size: int, out
 
 def _cells(v: Verdict | None) -> list[str]:
     """effect [Holm-adjusted interval], pairs, MDE and verdict of one claim (why, when not testable
-    or without an interval)."""
+    or without an interval; the caveat of an effect smaller than ±s)."""
     if v is None:
         return ["—", "—", "—", "not declared"]
-    shown = v.verdict == "not testable" or (v.adjusted is None and v.estimate is not None)  # no interval
-    why = f": {v.reason}" if shown and v.reason else ""
-    return [_interval(v.claim, v.adjusted or v.estimate), _pairs(v), _mde(v), f"**{v.verdict}**{why}"]
+    no_interval = v.adjusted is None and v.estimate is not None
+    why = v.verdict == "not testable" or no_interval or v.reason.startswith("but ")
+    return [_interval(v.claim, v.adjusted or v.estimate), _pairs(v), _mde(v), _verdict(v, why)]
 
 
 def beside(verdicts: list[Verdict], earlier: list[Verdict], labels: tuple[str, str]) -> list[str]:
@@ -322,6 +371,7 @@ def _section(
         *intro(claims, name, size),
         "",
         *table(verdicts),
+        *caveats(verdicts),
         "",
         f"{_SECTION_TAIL} Everything below is exploratory: not declared in "
         f"`{name}`, so unadjusted for multiplicity and without a verdict.",
@@ -385,13 +435,14 @@ def claims_only(path: Path, out: Path | None, earlier: Path | None = None) -> in
             f"its own Holm family ({size} and {family_size(old)} testable claims).",
             "",
             *beside(verdicts, old, labels),
+            *caveats(verdicts),
         ]
         print("\n".join(lines))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             (out / "outcome.md").write_text("\n".join(lines) + "\n")
         return 0
-    print("\n".join([*intro(claims, str(path), size), "", *table(verdicts)]))
+    print("\n".join([*intro(claims, str(path), size), "", *table(verdicts), *caveats(verdicts)]))
     if out is not None:
         write(claims, str(path), verdicts, size, out)
     return 0

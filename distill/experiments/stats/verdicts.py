@@ -1,12 +1,15 @@
-"""Verdicts by rule: each declared claim (`distill.experiments.run.claims`) computed from its archive.
+"""Verdicts by rule: each declared claim (`distill.experiments.run.claims`) computed from its archive
+(`evaluate`), or from its paired differences directly (`judge`, which `evaluate` calls).
 
 For a claim, runs of side a and side b that agree on every `strata` and `paired` knob form a pair;
 each pair gives a difference (of the metric, of its log, or of its change from the parent run).
 The claim's estimate is the equal-weight mean of the per-stratum mean differences with a t or
-bootstrap interval (`distill.experiments.stats.intervals`). Holm's step-down runs over the family: every
-claim of the file that is not *not testable* (a claim whose archive has no runs yet counts, with
-p = 1, so that the family is the declared one). The verdict (`decide`), from the Holm-adjusted interval
-[lo, hi] and the smallest effect of interest s:
+bootstrap interval (`distill.experiments.stats.intervals`), and its p-value is that interval
+inverted. Holm's step-down runs over the family: every claim of the file that is not *not testable*
+(a claim whose archive has no runs yet, or whose pairs have no spread and so no interval, counts
+with p = 1, so that the family is the declared one and such a claim is never a rejection). The
+verdict (`decide`), from the interval [lo, hi] at the level Holm tests the claim at and the
+smallest effect of interest s:
 
 - *not testable*: the claim's `testable` rule holds (teacher not ahead of the start by the margin;
   start at a floor or ceiling; teacher at the floor; every run at the floor, or every run at the
@@ -16,8 +19,20 @@ p = 1, so that the family is the declared one). The verdict (`decide`), from the
   (lo > 0); *no effect* when −s <= lo and hi <= s; else *unresolved*.
 - predicts none (an equality, e.g. "robust to the policy"): *replicated* when −s <= lo and hi <= s;
   *contradicted* when lo > s or hi < −s (an effect of at least s is shown); else *unresolved*.
+- a *replicated* or *contradicted* directional claim whose whole interval lies within ±s says so:
+  "but smaller than ±s" (an effect of the sign shown, too small to matter).
 - every *unresolved* claim gets its minimum detectable effect at 80 % power, at the level Holm
   tested it and the standard error observed.
+
+What this controls: Holm's step-down over the zero-null p-values bounds the family-wise error of
+the claims that assert an effect (a directional *replicated* or *contradicted*, and an equality's
+*contradicted*, whose interval then excludes 0 as well) at 1 − level. An equivalence verdict (*no
+effect*, an equality's *replicated*) is a two one-sided test read off the same interval: each errs
+with chance at most (1 − its level) / 2 <= 2.5 %, a bound per claim, not one over the family.
+
+The pairs are taken as independent. Where a value of the first `paired` knob (the seed) recurs
+across pairs, `intervals.independence` tests whether those pairs differ alike, and the report
+says so beside the claim when they do.
 """
 
 from __future__ import annotations
@@ -34,13 +49,23 @@ from distill.experiments.run.axes import format_value
 from distill.experiments.run.claims import Claim, ClaimsError, ClaimsFile
 from distill.experiments.run.records import RunRecord, chained_pairs, is_share, load_records, read_stages
 from distill.experiments.run.references import load_references
-from distill.experiments.stats.intervals import Estimate, estimate, holm, minimum_detectable
+from distill.experiments.stats.intervals import (
+    Estimate,
+    Independence,
+    estimate,
+    holm,
+    independence,
+    minimum_detectable,
+)
 
 VERDICTS = ("replicated", "contradicted", "no effect", "unresolved", "not testable", "no runs yet")
 
 
 @dataclass
 class Verdict:
+    """A claim's verdict and the numbers behind it. Before `judge` a verdict of "" is pending: it
+    holds the claim's paired differences (`groups`), references (`start`, `teacher`) and `raw`."""
+
     claim: Claim
     verdict: str
     reason: str
@@ -53,6 +78,7 @@ class Verdict:
     start: float | None = None
     teacher: float | None = None
     raw: list[float] = field(default_factory=list)  # the metric of every run of the contrast
+    independence: Independence | None = None  # pairs sharing a seed: do they differ alike?
 
 
 def _same(x: Any, y: Any) -> bool:
@@ -102,8 +128,9 @@ def _check_knobs(claim: Claim, runs: list[RunRecord]) -> None:
         )
 
 
-def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, list[float]]:
-    """Per stratum (a tuple of formatted values), the paired differences a − b."""
+def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, list[tuple[tuple, float]]]:
+    """Per stratum (a tuple of formatted values), each pair's `paired` knob values and its
+    difference a − b."""
     _check_knobs(claim, [r for r, _ in values])
     sides: dict[str, dict[tuple, float]] = {"a": {}, "b": {}}
     for record, value in values:
@@ -123,9 +150,10 @@ def _pairs(claim: Claim, values: list[tuple[RunRecord, float]]) -> dict[tuple, l
                         )
                     value = math.log(value)
                 sides[side][key] = value
-    out: dict[tuple, list[float]] = defaultdict(list)
+    out: dict[tuple, list[tuple[tuple, float]]] = defaultdict(list)
+    cut = len(claim.strata)
     for key in sorted(set(sides["a"]) & set(sides["b"]), key=_order):
-        out[key[: len(claim.strata)]].append(sides["a"][key] - sides["b"][key])
+        out[key[:cut]].append((key[cut:], sides["a"][key] - sides["b"][key]))
     return dict(out)
 
 
@@ -224,7 +252,9 @@ def decide(
     return ("no effect" if inside else "unresolved"), ""
 
 
-def _first_pass(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> Verdict:
+def _observe(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[str, Path]) -> Verdict:
+    """A pending verdict: the claim's paired differences and references read from its archive
+    (or "no runs yet"), with its per-stratum estimates and the check of its pairs' independence."""
     directory = stage_dir(claim.archive, sweep_dirs, claims.results)
     baseline = stage_dir(claim.baseline, sweep_dirs, claims.results) if claim.baseline else None
     values = _values(claim, directory, baseline)
@@ -240,48 +270,64 @@ def _first_pass(claim: Claim, index: int, claims: ClaimsFile, sweep_dirs: dict[s
         for r in runs
         if _matches(r, claim.within) and (_matches(r, claim.a) or _matches(r, claim.b))
     ]
-    groups = [np.array(d) for d in strata.values()]
-    est = estimate(groups, claims.level, _resolution(claim), seed=index)
+    groups = [np.array([d for _, d in pairs]) for pairs in strata.values()]
     per = [
         (", ".join(k) or "all", estimate([g], claims.level, _resolution(claim), seed=index))
         for k, g in zip(strata, groups)
     ]
-    verdict, reason = decide(claim, start, teacher, raw, est)
+    clusters = [[keys[0] for keys, _ in pairs] for pairs in strata.values()]
+    checked = independence(groups, clusters, claim.paired[0]) if claim.paired else None
     return Verdict(
         claim,
-        verdict,
-        reason,
-        est,
+        "",
+        "",
         strata=per,
         groups=groups,
         start=start,
         teacher=teacher,
         raw=raw,
+        independence=checked,
     )
+
+
+def judge(verdicts: list[Verdict], level: float = 0.95) -> list[Verdict]:
+    """The rule over a family: every pending verdict (`verdict` "") of `verdicts`, the whole claims
+    file in its order, decided in place from its `groups`, references and `raw` (the module's
+    docstring in words); verdicts already given (no runs yet) stay, in the family with p = 1.
+    `level` is the family-wise level. Returns `verdicts`.
+
+    Each estimate draws its bootstrap resamples from the claim's place in the file and sizes them
+    for Holm's strictest level, 1 − (1 − level) / m over the m claims, so the interval at the level
+    Holm tests a claim at excludes 0 exactly when Holm rejects it."""
+    alpha = 1 - level
+    strictest = 1 - alpha / max(1, len(verdicts))
+    for index, v in enumerate(verdicts):
+        if v.verdict == "":
+            v.estimate = estimate(v.groups, level, _resolution(v.claim), seed=index, strictest=strictest)
+            v.verdict, v.reason = decide(v.claim, v.start, v.teacher, v.raw, v.estimate)
+    family = [(i, v) for i, v in enumerate(verdicts) if v.verdict != "not testable"]
+    p = [1.0 if v.estimate is None or math.isnan(v.estimate.p) else v.estimate.p for _, v in family]
+    adjusted, levels = holm(p, alpha)
+    for (index, v), p_adj, at in zip(family, adjusted, levels):
+        v.p_adjusted = p_adj
+        if v.verdict:  # no runs yet, or decided without an interval
+            continue
+        v.adjusted = estimate(v.groups, at, _resolution(v.claim), seed=index, strictest=strictest)
+        v.verdict, _ = decide(v.claim, v.start, v.teacher, v.raw, v.estimate, v.adjusted)
+        v.mde = minimum_detectable(v.adjusted.se, v.adjusted.df, at)
+        v.reason = _reason(v)
+    for v in verdicts:
+        if v.verdict == "not testable" and v.estimate is not None and v.estimate.se > 0:
+            v.mde = minimum_detectable(v.estimate.se, v.estimate.df, level)
+    return verdicts
 
 
 def evaluate(claims: ClaimsFile, sweep_dirs: dict[str, Path] | None = None) -> list[Verdict]:
     """Every claim's verdict; `sweep_dirs` maps a sweep name to its directory where it is not
     `<results>/<name>` (a sweep reported before it is archived)."""
     sweep_dirs = sweep_dirs or {}
-    verdicts = [_first_pass(c, i, claims, sweep_dirs) for i, c in enumerate(claims.claims)]
-    family = [v for v in verdicts if v.verdict != "not testable"]
-    p = [1.0 if v.estimate is None or math.isnan(v.estimate.p) else v.estimate.p for v in family]
-    alpha = 1 - claims.level
-    adjusted, levels = holm(p, alpha)
-    for v, p_adj, level in zip(family, adjusted, levels):
-        v.p_adjusted = p_adj
-        if v.estimate is None or v.verdict:  # no runs yet, or decided without an interval
-            continue
-        index = claims.claims.index(v.claim)
-        v.adjusted = estimate(v.groups, level, _resolution(v.claim), seed=index)
-        v.verdict, _ = decide(v.claim, v.start, v.teacher, v.raw, v.estimate, v.adjusted)
-        v.mde = minimum_detectable(v.adjusted.se, v.adjusted.df, level)
-        v.reason = _reason(v)
-    for v in verdicts:
-        if v.verdict == "not testable" and v.estimate is not None and v.estimate.se > 0:
-            v.mde = minimum_detectable(v.estimate.se, v.estimate.df, claims.level)
-    return verdicts
+    pending = [_observe(c, i, claims, sweep_dirs) for i, c in enumerate(claims.claims)]
+    return judge(pending, claims.level)
 
 
 def _reason(v: Verdict) -> str:
@@ -291,7 +337,7 @@ def _reason(v: Verdict) -> str:
             "is neither within nor beyond" if v.claim.predicts == "none" else "includes 0 and is not within"
         )
         return f"the interval {where} ±{_sesoi(v.claim)}; detectable at 80 % power: {fmt(v.mde)}"
-    if v.verdict == "replicated" and v.claim.predicts != "none":
+    if v.verdict in ("replicated", "contradicted") and v.claim.predicts != "none":
         small = -v.claim.sesoi <= v.adjusted.low and v.adjusted.high <= v.claim.sesoi
         return f"but smaller than ±{_sesoi(v.claim)}" if small else ""
     return ""
