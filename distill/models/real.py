@@ -140,3 +140,22 @@ def convert(name: str, source: Path, out: Path) -> None:
         (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n")
 
     replace_atomic(out, fill)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m distill.models.real [NAME ...]`: convert the named models (default: all) into the
+    cache now rather than at their first use, and print where each is."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m distill.models.real", description=main.__doc__)
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of {sorted(MODELS)}")
+    names = parser.parse_args(argv).names or sorted(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
+    for name in names:
+        print(f"{PREFIX}{name}: {resolve(PREFIX + name)}")
+
+
+if __name__ == "__main__":
+    main()

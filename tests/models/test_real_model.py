@@ -160,3 +160,11 @@ def test_distill_fit_on_smollm2_through_the_chat_template_with_every_measurement
     )
     exported = load_tokenizer(str(run / "student"))
     assert exported.chat_template == load_tokenizer("real:smollm2").chat_template
+
+
+def test_the_module_converts_ahead_of_use_and_refuses_unknown_names(smollm2_dir, capsys):
+    real.main([])
+    assert capsys.readouterr().out == f"real:smollm2: {smollm2_dir}\n"
+    with pytest.raises(SystemExit):
+        real.main(["smollm3"])
+    assert "unknown model(s) ['smollm3']; known: ['smollm2']" in capsys.readouterr().err
