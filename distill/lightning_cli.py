@@ -60,8 +60,9 @@ from distill.loggers import (
     tensorboard_resume,
     tensorboard_summary,
 )
+from distill.models import real
 from distill.models.tiny_world import world_of
-from distill.parallel import end_launched_ranks_on_failure
+from distill.parallel import end_launched_ranks_on_failure, end_process_group
 from distill.rl import GRPOModule
 from distill.rl.objective import check_sampling
 from distill.run_record import AtomicCheckpointIO, RunRecord, read_checkpoint_record
@@ -407,7 +408,9 @@ def run_lightning_cli(argv: list[str]) -> dict:
             parser_kwargs={"prog": f"distill {command}"},
             command=command,
         )
-        return cli.execute(command)
+        result = cli.execute(command)
+        end_process_group()
+        return result
     except (ValueError, FileNotFoundError, TypeError) as err:
         if isinstance(err, ConfigError) or "cli" not in locals():
             print(f"distill {command}: error: {instantiate_error_line(str(err))}", file=sys.stderr)
@@ -418,11 +421,16 @@ def run_lightning_cli(argv: list[str]) -> dict:
 def model_record(module) -> dict:
     """Each model a run loads (`student`, `teacher`, `reference`): its resolved path and, for a
     tiny-world model, the world's version and the weights' fingerprint (`tiny_world.world_of`), so
-    that an archive says which world its runs used."""
+    that an archive says which world its runs used; for a `real:NAME` model, what it was converted
+    from (`real.record_of`)."""
     out = {}
     for role in ("student", "teacher", "reference"):
         path = getattr(module, f"{role}_path", None)
         if path and (role != "reference" or getattr(module, "use_reference", False)):
-            world = world_of(path)
-            out[role] = {"path": str(path), **({"tiny_world": world} if world else {})}
+            world, converted = world_of(path), real.record_of(path)
+            out[role] = {
+                "path": str(path),
+                **({"tiny_world": world} if world else {}),
+                **({"real": converted} if converted else {}),
+            }
     return out

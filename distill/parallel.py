@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 
@@ -194,3 +195,12 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def end_process_group() -> None:
+    """Destroy the default process group once a launch's work is done, on every rank. One left to
+    the interpreter's exit can abort the process in its destructors ("terminate called without an
+    active exception", exit status -6) after a run that finished, which a sweep would read as a
+    failed run."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

