@@ -3,6 +3,7 @@ they can be distilled into each other (same tokenizer; logits compared over the 
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
@@ -41,14 +42,24 @@ def check_model_path(path: str, field: str) -> str:
     if world is not None:
         version, name = world
         flag = "" if path.startswith("tiny-world:") else f" --version {version}"
-        hint = f" (run `distill tiny-world{flag}` first)"
         legacy = tiny_world_names.cache_root() / tiny_world_names.LEGACY_FOLDER
-        if path.startswith("tiny-world:") and legacy.is_dir():
-            hint += (
-                f"; {legacy} is a v2 build under the old folder name, not read: "
-                f"`tiny-world:` is {version}, v2 is `tiny-world-v2:{name}`"
+        old_folder = (
+            f"; {legacy} is a v2 build under the old folder name, not read: "
+            f"`tiny-world:` is {version}, v2 is `tiny-world-v2:{name}`"
+            if path.startswith("tiny-world:") and legacy.is_dir()
+            else ""
+        )
+        hint = f" (run `distill tiny-world{flag}` first){old_folder}"
+        folder = tiny_world_names.default_dir(version)
+        installed = sorted(p.parent.name for p in folder.glob("*/config.json"))
+        if installed and name not in installed:  # the world is there; the name is not one of its
+            close = difflib.get_close_matches(name, installed, n=1)
+            raise FileNotFoundError(
+                f"{field}: tiny world {version} (in {folder}) has no model {name!r}"
+                + (f" (did you mean {path[: -len(name)] + close[0]!r}?)" if close else "")
+                + f"; its models: {installed}{old_folder}"
             )
-        path = str(tiny_world_names.default_dir(version) / name)
+        path = str(folder / name)
     if looks_local(path):
         local = Path(path).expanduser()
         if not (local / "config.json").is_file():

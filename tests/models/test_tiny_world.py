@@ -453,6 +453,26 @@ def test_each_version_resolves_to_its_own_folder_and_the_bare_name_to_the_defaul
         check_model_path("tiny-world:student", "model.student")
 
 
+def test_a_misspelt_model_of_an_installed_world_is_named_with_its_models(tmp_path, monkeypatch):
+    """Not "run `distill tiny-world` first" when the world is installed: the name is wrong."""
+    from distill.models.loading import check_model_path
+
+    monkeypatch.setenv("DISTILL_CACHE", str(tmp_path))
+    for name in ("teacher", "student"):
+        (tmp_path / "tiny-world-v3" / name).mkdir(parents=True)
+        (tmp_path / "tiny-world-v3" / name / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError) as err:
+        check_model_path("tiny-world:teachr", "model.teacher")
+    assert str(err.value) == (
+        f"model.teacher: tiny world v3 (in {tmp_path / 'tiny-world-v3'}) has no model 'teachr' "
+        "(did you mean 'tiny-world:teacher'?); its models: ['student', 'teacher']"
+    )
+    with pytest.raises(
+        FileNotFoundError, match=r"has no model 'zebra'; its models: \['student', 'teacher'\]$"
+    ):
+        check_model_path("tiny-world-v3:zebra", "model.student")
+
+
 def test_the_default_world_without_a_committed_build_stops_unless_asked(tmp_path, monkeypatch, capsys):
     """`distill tiny-world` would train an uncommitted default world for hours: it stops with a
     message instead, unless the version is named, `--force` is given, or the folder holds a build of
