@@ -60,6 +60,7 @@ _NOT_A_CLASS = (
 )
 _OPTION = re.compile(r"^Option '(?P<option>[^']+)' is not accepted$")
 _EXPECTED = re.compile(r"^Expected a <class '(?:\w+\.)*(?P<type>\w+)'>\. Got value: (?P<value>.*)$")
+_EXPECTED_BARE = re.compile(r"^Expected a <class '(?:\w+\.)*(?P<type>\w+)'>$")
 _LITERAL = re.compile(r"^Expected a typing\.Literal\[(?P<values>.*)\]$")
 _GIVEN = re.compile(r"^Given value: (?:NestedArg\(key='[^']*', val=(?P<nested>.*)\)|(?P<plain>.*))$")
 
@@ -241,6 +242,8 @@ def parse_error_line(message: str, parser=None) -> str:
         return _class_choice(field, value, why, _field_type(parser, field, owner))
     if expected := _EXPECTED.match(reason):
         return f"{field} must be of type {expected['type']}, got {expected['value']!r}"
+    if (expected := _EXPECTED_BARE.match(reason)) and value is not None:  # a union's last member
+        return f"{field} must be of type {expected['type']}, got {value!r}"
     return f"{field}: {reason}" if reason else f"{field}: {first}"
 
 

@@ -91,7 +91,11 @@ def test_merged_config_reads_a_file_as_its_bases_merged_in(tmp_path):
     [
         (["--data.mix", "1.5"], "data.mix must be in [0, 1], got 1.5"),
         (["--data.granularity", "row"], "data.granularity must be one of"),
-        (["--data.task", "gsm8k"], "task must be one of"),
+        (["--data.task", "gsm8k"], "data.task must be one of"),
+        (
+            ["--data.evaluation.test_tasks", "[countdown3, gsm8k]"],
+            "data.evaluation.test_tasks must be one of",
+        ),
         (["--data.refresh_every", "0"], "data.refresh_every must be an integer >= 1, got 0"),
         (["--model.init_args.micro_batch_size", "0"], "model.micro_batch_size must be"),
         (

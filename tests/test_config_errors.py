@@ -95,6 +95,7 @@ def test_two_refused_commands_print_one_line(extra, expected, quick_world, tmp_p
             "trainer.precision must be one of [64, 32, 16, 'transformer-engine', ",
         ),
         (["--data.mixx", "0.5"], "unrecognized arguments: --data.mixx 0.5 (did you mean --data.mix?)"),
+        (["--seed_everything", "abc"], "seed_everything must be of type int, got 'abc'"),  # a union
     ],
     ids=[
         "short_name",
@@ -106,6 +107,7 @@ def test_two_refused_commands_print_one_line(extra, expected, quick_world, tmp_p
         "type",
         "literal",
         "key",
+        "union",
     ],
 )
 def test_a_refused_value_is_one_line_naming_field_value_and_allowed(extra, expected, capsys, monkeypatch):

@@ -203,12 +203,20 @@ class RolloutDataModule(L.LightningDataModule):
         self.hparams.update({name: dataclasses.asdict(getattr(self, name)) for name in GROUPS})
         for name in ("refresh_every", "batch_size", "group_size", "train_size"):
             check_int(f"data.{name}", getattr(self.hparams, name), 1)
-        self.task = get_task(task)
+        self.task = get_task(task, "data.task")
         ev, fmt = self.evaluation, self.prompts
-        self.val_tasks = [get_task(t) for t in (ev.val_tasks if ev.val_tasks is not None else [task])]
-        self.test_tasks = [get_task(t) for t in (ev.test_tasks if ev.test_tasks is not None else [task])]
+        self.val_tasks = [
+            get_task(t, "data.evaluation.val_tasks")
+            for t in (ev.val_tasks if ev.val_tasks is not None else [task])
+        ]
+        self.test_tasks = [
+            get_task(t, "data.evaluation.test_tasks")
+            for t in (ev.test_tasks if ev.test_tasks is not None else [task])
+        ]
         # A malformed template fails now, before any model is loaded.
-        PromptCollator(None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context)
+        PromptCollator(
+            None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
+        )
         try:  # the sampler validates the knob's settings now, before any model is loaded
             self.sampler = RolloutSampler(
                 mix=mix, granularity=granularity, cache_dir=rollout_cache, **dataclasses.asdict(self.sampling)
@@ -235,7 +243,11 @@ class RolloutDataModule(L.LightningDataModule):
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
         fmt, ev = self.prompts, self.evaluation
         self.collate = PromptCollator(
-            self.tokenizer, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
+            self.tokenizer,
+            fmt.chat_template,
+            fmt.chat_template_kwargs,
+            fmt.teacher_context,
+            fmt.student_context,
         )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
         self.sampler.use_tokenizer(self.tokenizer)

@@ -68,14 +68,18 @@ class TokenDivergence(nn.Module):
         """
         super().__init__()
         cls = type(self).__name__
-        check_number("temperature", temperature, 0, open_min=True)
+        # Named as a callback's options are (`ReverseKL.temperature`): the class says which setting.
+        check_number(f"{cls}.temperature", temperature, 0, open_min=True)
         check(
-            estimator in self.estimators, "estimator", estimator, f"one of {list(self.estimators)} for {cls}"
+            estimator in self.estimators,
+            f"{cls}.estimator",
+            estimator,
+            f"one of {list(self.estimators)} for {cls}",
         )
-        check_int("top_k", top_k, 1)
-        check_int("vocab_size", vocab_size, 1, optional=True)
-        check_int("chunk_size", chunk_size, 1, optional=True)
-        check_number("max_importance_weight", max_importance_weight, 0, open_min=True, optional=True)
+        check_int(f"{cls}.top_k", top_k, 1)
+        check_int(f"{cls}.vocab_size", vocab_size, 1, optional=True)
+        check_int(f"{cls}.chunk_size", chunk_size, 1, optional=True)
+        check_number(f"{cls}.max_importance_weight", max_importance_weight, 0, open_min=True, optional=True)
         self.temperature = float(temperature)
         self.estimator = estimator
         self.top_k = top_k

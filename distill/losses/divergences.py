@@ -88,7 +88,7 @@ class GeneralizedJSD(TokenDivergence):
         Args:
             beta: teacher weight of the mixture, in [0, 1]; 0 = forward KL, 1 = reverse KL.
         """
-        check_number("beta", beta, 0, 1)
+        check_number(f"{type(self).__name__}.beta", beta, 0, 1)
         super().__init__(**kwargs)
         self.beta = float(beta)
 
@@ -114,7 +114,7 @@ class SkewKL(TokenDivergence):
         Args:
             alpha: teacher weight of the mixture in the second argument, in [0, 1).
         """
-        check_number("alpha", alpha, 0, 1, open_max=True)
+        check_number(f"{type(self).__name__}.alpha", alpha, 0, 1, open_max=True)
         super().__init__(**kwargs)
         self.alpha = float(alpha)
 
@@ -140,7 +140,7 @@ class SkewReverseKL(TokenDivergence):
         Args:
             alpha: student weight of the mixture in the second argument, in [0, 1).
         """
-        check_number("alpha", alpha, 0, 1, open_max=True)
+        check_number(f"{type(self).__name__}.alpha", alpha, 0, 1, open_max=True)
         super().__init__(**kwargs)
         self.alpha = float(alpha)
 
@@ -180,7 +180,7 @@ class InterpolatedKL(TokenDivergence):
         Args:
             weight: share of the forward KL, in [0, 1].
         """
-        check_number("weight", weight, 0, 1)
+        check_number(f"{type(self).__name__}.weight", weight, 0, 1)
         super().__init__(**kwargs)
         self.weight = float(weight)
 

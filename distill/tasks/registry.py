@@ -180,9 +180,10 @@ def is_task(name: object) -> bool:
     )
 
 
-def get_task(name: str):
+def get_task(name: str, field: str = "task"):
     """A registered task by name, or the QA task of a dataset spec (`distill.tasks.qa_datasets`;
-    once loaded, also by its name)."""
+    once loaded, also by its name). An unknown name is refused naming `field`, the setting that
+    gave it (`data.task`, ...)."""
     if isinstance(name, str) and name not in TASKS:
         if name in qa_datasets.LOADED:  # a loaded spec's task, by its name
             return qa_datasets.LOADED[name]
@@ -190,7 +191,7 @@ def get_task(name: str):
             return qa_datasets.get_qa_task(name)
     if name not in TASKS:
         raise ValueError(
-            f"task must be one of {sorted(TASKS)} or a dataset spec '<kind>:<source>' with kind in "
+            f"{field} must be one of {sorted(TASKS)} or a dataset spec '<kind>:<source>' with kind in "
             f"{list(qa_datasets.KINDS)}, got {name!r}"
         )
     return TASKS[name]

@@ -61,7 +61,8 @@ def test_unknown_name_lists_allowed():
 )
 def test_out_of_range_options_name_field_value_and_allowed(name, kwargs, field):
     value = next(iter(kwargs.values()))
-    with pytest.raises(ValueError, match=rf"^{field} must be .*, got {re.escape(repr(value))}$"):
+    owner = KEYS[name].__name__  # options are named by their class, as a callback's are
+    with pytest.raises(ValueError, match=rf"^{owner}\.{field} must be .*, got {re.escape(repr(value))}$"):
         build_divergence(name, **kwargs)
 
 
