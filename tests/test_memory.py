@@ -1,7 +1,8 @@
 """`distill.memory`: the memory tables of docs/gpus-and-memory.md are what it prints, its parameter
 counts are the models', and its per-phase bytes match the live tensor bytes of a rollout and of a training step
 measured on two small models (a Llama and a Qwen2 shape, GQA, float32 students, a bf16 teacher)
-and on the real SmolLM2-135M (`real:smollm2`, student and bf16 teacher; slow) under Lightning's own `bf16-mixed` context on the CPU (an autocast with `cache_enabled=False`),
+and on the real SmolLM2-135M (`real:smollm2`, student and bf16 teacher; slow) under Lightning's
+own `bf16-mixed` context on the CPU (an autocast with `cache_enabled=False`),
 through the code a run executes: `RolloutSampler.sample`, `DistillationModule.accumulate_gradients`
 with `GradientStats` armed, a foreach AdamW step (the CUDA default)."""
 
