@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import signal
 import sys
 import time
 import warnings
@@ -41,6 +42,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from distill import run_status
 from distill.config_bases import expand_bases, moved_args, moved_config
 from distill.config_errors import (
     class_path_field,
@@ -49,7 +51,7 @@ from distill.config_errors import (
     trainer_error_line,
 )
 from distill.data import RolloutDataModule
-from distill.errors import ConfigError, Diverged
+from distill.errors import ConfigError, Diverged, Interrupted
 from distill.loggers import (
     CheckpointBoundary,
     HeldLogger,
@@ -79,8 +81,10 @@ from distill.rundir import (
     default_run_dir,
     drop_checkpoints,
     finite_metrics,
+    read_metrics,
 )
 from distill.runinfo import environment, write_json_atomic, write_text_atomic
+from distill.stopping import StopOnSignal, begin_launch, launcher_gone
 
 # Checkpoints are written after the optimiser step on purpose (a resume continues from the state
 # the next step starts from, exactly); Lightning warns about that under manual optimisation.
@@ -103,6 +107,7 @@ class DistillCLI(LightningCLI):
         self.fresh_start = False
         self.continuing = False
         self.held: list[HeldLogger] = []  # trainer.logger's further loggers (distill.loggers)
+        self.stop: StopOnSignal | None = None  # a fit's signal handling (distill.stopping)
         super().__init__(*args, **kwargs)
 
     # --- bad input ends in one line (distill.config_errors) -------------------------------------
@@ -232,6 +237,9 @@ class DistillCLI(LightningCLI):
                 )
             )
             plugins.append(AtomicCheckpointIO())
+        if self.command == "fit":
+            self.stop = StopOnSignal(run_dir, run_dir / LAST_CKPT if checkpointing else None)
+            callbacks.append(self.stop)
         self.record = RunRecord(
             yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_check=True)),
             optimizer_changes={
@@ -272,11 +280,69 @@ class DistillCLI(LightningCLI):
         run_dir = Path(self.config.run_dir)
         lock = RunLock(run_dir).acquire() if rank_zero_only.rank == 0 else None
         try:
-            with end_launched_ranks_on_failure(self.trainer):  # one rank's failure ends every rank
-                return self._execute(command, run_dir)
+            with end_launched_ranks_on_failure(self.trainer, run_dir):  # one rank's failure ends every rank
+                if command != "fit":
+                    return self._execute(command, run_dir)
+                return self._fit_with_status(run_dir)
         finally:
             if lock is not None:
                 lock.release()
+
+    def _fit_with_status(self, run_dir: Path) -> dict:
+        """`_execute("fit")`, with the run's status record (`distill.run_status`) kept: running,
+        then how it ended; an interrupted fit exits 128 + the signal's number."""
+        rank = self.trainer.global_rank
+
+        def record(state: str, reason: str | None, step: int | None = None, resume: bool = True) -> None:
+            step = self.trainer.global_step if step is None else step
+            resume_from = self._resume_from() if resume else None
+            run_status.write(run_dir, state, reason=reason, rank=rank, step=step, resume_from=resume_from)
+
+        if rank == 0:
+            run_status.write(run_dir, "running", resume_from=self._resume_from())
+        try:
+            metrics = self._execute("fit", run_dir)
+        except Interrupted as err:
+            record(
+                "interrupted",
+                f"{err.signal_name}: stopped at the end of step {err.step} on every rank",
+                err.step,
+            )
+            if rank == 0:
+                line = run_status.describe(run_status.read(run_dir))
+                print(f"distill fit: run interrupted: {line}", file=sys.stderr)
+            raise SystemExit(128 + int(getattr(signal, err.signal_name))) from None
+        except SystemExit as err:
+            if err.code == EXIT_DIVERGED:
+                record("diverged", (read_metrics(run_dir) or {}).get("reason"), resume=False)
+            elif err.code and self.trainer.interrupted:  # Lightning's own end of a Ctrl-C
+                record("interrupted", "SIGINT (KeyboardInterrupt)")
+            elif err.code:
+                record("failed", f"exit status {err.code}")
+            raise
+        except BaseException as err:
+            gone = launcher_gone()  # then this rank's error (a closed connection) is its consequence
+            if gone is not None:
+                record("interrupted", gone)
+            else:
+                state = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                record(state, run_status.error_reason(err))
+            raise
+        finally:
+            if self.stop is not None:
+                self.stop.restore()
+        if rank == 0:
+            run_status.write(run_dir, "finished", step=self.trainer.global_step)
+        return metrics
+
+    def _resume_from(self) -> dict | None:
+        """The checkpoint a resume of this run would start from, with its step."""
+        if self.stop is not None and self.stop.resume_from() is not None:
+            return self.stop.resume_from()
+        last = Path(self.config.run_dir) / LAST_CKPT
+        if self.resume_step is not None and last.is_file():
+            return {"path": str(LAST_CKPT), "step": self.resume_step}
+        return None
 
     def _execute(self, command: str, run_dir: Path) -> dict:
         # Under DDP every rank runs this (and every collective in it: fit, test, save_checkpoint);
@@ -324,6 +390,8 @@ class DistillCLI(LightningCLI):
         if self.trainer.checkpoint_callback is not None:
             self.trainer.save_checkpoint(run_dir / LAST_CKPT)  # every rank: it holds a barrier
             self.boundary.covered(self.trainer)  # what follows (export, test, final figures) is not
+        if self.stop is not None:  # a signal during the last step stops here; one from now on, at once
+            self.stop.after_fit(self.trainer)
         self.model.export_student(run_dir / "student")  # every rank (FSDP gathers); rank 0 writes
         if self.config.test_after_fit:
             metrics |= _flatten(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
@@ -395,6 +463,7 @@ def run_lightning_cli(argv: list[str]) -> dict:
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training.*")
     # "Seed set to N" on stderr says what config.yaml records, and would precede a one-line error.
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    begin_launch()
     try:
         args = expand_bases(moved_args(args))
         cli = DistillCLI(

@@ -143,11 +143,13 @@ def gradient_sync(module, last: bool) -> AbstractContextManager:
 
 
 @contextmanager
-def end_launched_ranks_on_failure(trainer) -> Iterator[None]:
+def end_launched_ranks_on_failure(trainer, run_dir=None) -> Iterator[None]:
     """Run the block; if it fails (any exception but a clean `SystemExit`) in a process that
     launched the other ranks (Lightning's subprocess launcher: `distill fit --trainer.devices N`
     starts ranks 1..N-1 from rank 0), kill them before re-raising, so that none waits for the
     failed rank in its next collective until the process group's timeout (30 minutes under NCCL).
+    A run stopped by a signal (its status record in `run_dir` says `interrupted`) is ending on
+    every rank at the same step: those get the stop's grace to finish before they are killed.
 
     Lightning covers the other direction itself (its launcher's process observer kills every
     process when a rank > 0 exits with an error) and rank 0 only for a KeyboardInterrupt
@@ -157,23 +159,36 @@ def end_launched_ranks_on_failure(trainer) -> Iterator[None]:
         yield
     except BaseException as err:
         if not (isinstance(err, SystemExit) and not err.code):
-            end_launched_ranks(trainer, err)
+            end_launched_ranks(trainer, err, run_dir)
         raise
 
 
-def end_launched_ranks(trainer, err: BaseException) -> None:
-    """Kill the rank processes this process launched and are still running (none: a no-op), with
-    one line on stderr saying why."""
+def end_launched_ranks(trainer, err: BaseException, run_dir=None) -> None:
+    """End the rank processes this process launched and are still running (none: a no-op), with
+    one line on stderr that names the rank that failed first (its status record says which, and
+    why; else this one)."""
     from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    from distill import run_status
+    from distill.stopping import grace_seconds, wait_for_ranks
 
     launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
     if not isinstance(launcher, _SubprocessScriptLauncher):
         return
     running = [proc for proc in launcher.procs if proc.poll() is None]
+    record = run_status.read(run_dir) if run_dir is not None else None
+    if record is not None and record.get("attempt") != run_status.attempt_id():
+        record = None
+    if record is not None and record["state"] == "interrupted":
+        wait_for_ranks(running, grace_seconds())
+        return
     if running:
-        reason = f"{type(err).__name__}: {err}".splitlines()[0]
+        if record is not None and record["state"] == "failed":
+            rank, reason = record.get("rank", 0), record.get("reason")
+        else:
+            rank, reason = 0, run_status.error_reason(err)
         print(
-            f"distill: rank 0 failed ({reason}); ending the {len(running)} rank(s) it launched",
+            f"distill: rank {rank} failed ({reason}); ending the {len(running)} rank(s) rank 0 launched",
             file=sys.stderr,
         )
         sys.stderr.flush()

@@ -220,7 +220,9 @@ def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypat
     monkeypatch.chdir(ROOT)
     run = tmp_path / "run"
     args = ["fit", "--config", "configs/tiny/fkl_mix0.5.yaml", *SHORT, "--run_dir", str(run)]
-    metrics = run_lightning_cli([*args, "--data.prompts.teacher_context", "1 1=2:{target} "])  # Countdown rows
+    metrics = run_lightning_cli(
+        [*args, "--data.prompts.teacher_context", "1 1=2:{target} "]
+    )  # Countdown rows
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["data"]["prompts"]["teacher_context"] == "1 1=2:{target} "
     assert metrics["train/teacher_share"] > 0 and metrics["train/forward_kl"] >= 0

@@ -122,7 +122,9 @@ class _FakeTrainer:
 def _datamodule(world_size: int, rank: int, char_tok, **kwargs):
     from distill.data import RolloutDataModule
 
-    dm = RolloutDataModule(task="countdown3", evaluation={"val_size": kwargs.pop("val_size", 7), "batch_size": 2}, **kwargs)
+    dm = RolloutDataModule(
+        task="countdown3", evaluation={"val_size": kwargs.pop("val_size", 7), "batch_size": 2}, **kwargs
+    )
     dm.tokenizer = char_tok
     dm.trainer = _FakeTrainer(world_size, rank)
     return dm
@@ -335,7 +337,7 @@ def test_one_rank_failing_ends_every_rank_within_a_minute(fail_rank, tmp_path):
     assert f"RuntimeError: boom on rank {fail_rank}" in stderr
     if fail_rank == 0:
         assert (
-            "distill: rank 0 failed (RuntimeError: boom on rank 0); ending the 1 rank(s) it launched"
+            "distill: rank 0 failed (RuntimeError: boom on rank 0); ending the 1 rank(s) rank 0 launched"
             in stderr
         )
 
@@ -354,7 +356,10 @@ def test_distill_fit_ends_the_ranks_it_launched_when_it_fails(tmp_path):
     launcher.procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])]
     cli = DistillCLI.__new__(DistillCLI)
     cli.config = SimpleNamespace(run_dir=str(tmp_path))
-    cli.trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=launcher))
+    cli.trainer = SimpleNamespace(
+        strategy=SimpleNamespace(launcher=launcher), global_rank=0, global_step=7, interrupted=False
+    )
+    cli.stop, cli.resume_step = None, None
 
     def fail(command, run_dir):
         raise MemoryError("out of memory in export")
@@ -364,6 +369,12 @@ def test_distill_fit_ends_the_ranks_it_launched_when_it_fails(tmp_path):
         with pytest.raises(MemoryError, match="out of memory in export"):
             cli.execute("fit")
         assert launcher.procs[0].wait(timeout=10) == -9  # SIGKILL
+        record = json.loads((tmp_path / "status.json").read_text())
+        assert (record["state"], record["step"], record["reason"]) == (
+            "failed",
+            7,
+            "MemoryError: out of memory in export",
+        )
     finally:
         launcher.procs[0].kill()  # a no-op once it has ended
 

@@ -214,7 +214,9 @@ class RolloutDataModule(L.LightningDataModule):
             for t in (ev.test_tasks if ev.test_tasks is not None else [task])
         ]
         # A malformed template fails now, before any model is loaded.
-        PromptCollator(None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context)
+        PromptCollator(
+            None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
+        )
         try:  # the sampler validates the knob's settings now, before any model is loaded
             self.sampler = RolloutSampler(
                 mix=mix, granularity=granularity, cache_dir=rollout_cache, **dataclasses.asdict(self.sampling)
@@ -241,7 +243,11 @@ class RolloutDataModule(L.LightningDataModule):
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
         fmt, ev = self.prompts, self.evaluation
         self.collate = PromptCollator(
-            self.tokenizer, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
+            self.tokenizer,
+            fmt.chat_template,
+            fmt.chat_template_kwargs,
+            fmt.teacher_context,
+            fmt.student_context,
         )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
         self.sampler.use_tokenizer(self.tokenizer)

@@ -254,7 +254,9 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         rollout = batch["rollout"]
         rewards, texts = self.rewards(batch)
         goal = self.objective
-        advantages, zero_signal = group_advantages(rewards, group_size, goal.scale_rewards, goal.advantage_epsilon)
+        advantages, zero_signal = group_advantages(
+            rewards, group_size, goal.scale_rewards, goal.advantage_epsilon
+        )
         mask = rollout.completion_mask[:, 1:]
         return GRPOBatch(
             rollout=rollout,

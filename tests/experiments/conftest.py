@@ -39,8 +39,12 @@ FAKE_FIT = textwrap.dedent(
     name = os.path.basename(run_dir)
     print("fake fit of", name, flush=True)
     crash = os.environ.get("FAKE_FIT_CRASH")
-    if crash and crash in name:
+    if crash and crash in name:  # with the status record `distill fit` leaves
         print("boom", file=sys.stderr)
+        record = {"state": "failed", "reason": "RuntimeError: boom", "rank": 0, "step": 2,
+                  "resume_from": None, "pid": os.getpid()}
+        with open(os.path.join(run_dir, "status.json"), "w") as f:
+            json.dump(record, f)
         sys.exit(3)
     time.sleep(float(os.environ.get("FAKE_FIT_SLEEP", "0")))
     record = {"argv": args, "ckpt": ckpt, "cache": os.environ.get("DISTILL_ROLLOUT_CACHE"),

@@ -83,8 +83,11 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on(grid_spec, fake_fit, tmp
     assert main([str(grid_spec)], fit_prefix=fake_fit) == 1
     out = capsys.readouterr().out
     log = tmp_path / "runs" / "mix=0,seed=1" / "fit.log"
-    assert f"FAILED mix=0,seed=1 (exit code 3); log: {log}" in out
+    why = "exit code 3; failed at step 2: RuntimeError: boom; no checkpoint: it starts again"
+    assert f"FAILED mix=0,seed=1 ({why}); log: {log}" in out
     assert "3 finished now, 0 skipped (finished before), 1 failed" in out
+    status = json.loads((tmp_path / "runs" / "status.json").read_text())
+    assert status["ended_by_state"] == {"failed": 1, "finished": 3}
     assert "boom" in log.read_text()
     assert [rundirs.run_state(tmp_path / "runs" / n).finished for n in NAMES] == [True, False, True, True]
 

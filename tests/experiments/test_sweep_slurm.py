@@ -29,6 +29,9 @@ def test_emit_slurm_writes_array_script_and_commands(grid_spec, fake_fit, tmp_pa
     assert "#SBATCH --partition=gpu" in text and "#SBATCH --gpus=1" in text
     assert "#SBATCH --time=01:00:00" in text and "04:00:00" not in text  # the flag wins over the spec
     assert "#SBATCH --qos=low" in text and "#SBATCH --job-name=grid" in text
+    assert (
+        "#SBATCH --signal=B:TERM@120" in text and 'eval "exec $line"' in text
+    )  # preemption: distill.stopping
     assert f"#SBATCH --output={tmp_path / 'runs' / 'slurm' / '%A_%a.out'}" in text
     # every #SBATCH line precedes the first command, or sbatch ignores it
     lines = text.splitlines()

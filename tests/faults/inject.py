@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -37,3 +38,36 @@ class PoisonAt(Callback):
             with torch.no_grad():
                 for p in pl_module.student.parameters():
                     p.fill_(math.nan)
+
+
+def _rank(trainer) -> int:
+    return int(trainer.global_rank)
+
+
+class SignalAt(Callback):
+    """`DISTILL_TEST_SIGNAL_AT_STEP=k` on rank `DISTILL_TEST_SIGNAL_RANK` (default 0): SIGTERM its
+    own process after optimiser step k (`DISTILL_TEST_SIGNAL_IN=step`, the default) or in the first
+    validation batch after it (`validation`), then stay busy `DISTILL_TEST_STALL_S` seconds (a
+    compile: the other rank runs on into its next collective meanwhile). `DISTILL_TEST_SIGKILL=1`
+    sends SIGKILL instead (the launcher's death, when the rank is 0)."""
+
+    def _fire(self, trainer, where: str) -> None:
+        if not _armed("DISTILL_TEST_SIGNAL_AT_STEP", trainer):
+            return
+        if os.environ.get("DISTILL_TEST_SIGNAL_IN", "step") != where:
+            return
+        if _rank(trainer) != int(os.environ.get("DISTILL_TEST_SIGNAL_RANK", "0")) or getattr(
+            self, "fired", False
+        ):
+            return
+        self.fired = True
+        kill = os.environ.get("DISTILL_TEST_SIGKILL") == "1"
+        os.kill(os.getpid(), signal.SIGKILL if kill else signal.SIGTERM)
+        # Sleeping lets the signal's reader run now, so the stop comes at this step's end.
+        time.sleep(float(os.environ.get("DISTILL_TEST_STALL_S", "0.5")))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._fire(trainer, "step")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._fire(trainer, "validation")

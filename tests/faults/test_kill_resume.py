@@ -45,7 +45,12 @@ def short_config(where: Path) -> Path:
             "max_steps": 10,
             "val_check_interval": 3,
             "log_every_n_steps": 1,
-            "callbacks": [*callbacks, {"class_path": "inject.KillAt"}, {"class_path": "inject.PoisonAt"}],
+            "callbacks": [
+                *callbacks,
+                {"class_path": "inject.KillAt"},
+                {"class_path": "inject.PoisonAt"},
+                {"class_path": "inject.SignalAt"},
+            ],
         },
         "data": {
             "batch_size": 6,
@@ -172,6 +177,36 @@ def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env,
     assert steps == sorted(set(steps)) and len(steps) == 10, steps
 
 
+def status(run: Path) -> dict:
+    return json.loads((run / "status.json").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly(
+    tmp_path, env, reference
+):
+    """SIGTERM after step 5 (checkpoints every 2 steps): the fit writes step 5's checkpoint, an
+    `interrupted` status record that says so, and exits 143; `--ckpt_path last` ends with every
+    figure of the uninterrupted run."""
+    run = tmp_path / "run"
+    stopped = fit(run, env, DISTILL_TEST_SIGNAL_AT_STEP="5")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    record = status(run)
+    assert (record["state"], record["rank"], record["step"]) == ("interrupted", 0, 5)
+    assert record["reason"] == "SIGTERM: stopped at the end of step 5 on every rank"
+    assert record["resume_from"] == {"path": "checkpoints/last.ckpt", "step": 5}
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        "distill fit: run interrupted: interrupted at step 5: SIGTERM: stopped at the end of step 5 on "
+        "every rank; resumes from checkpoints/last.ckpt (step 5)"
+    )
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 5 and not (run / "metrics.json").exists()
+    resumed = fit(run, env, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert untimed(run) == reference
+    assert status(run)["state"] == "finished"
+
+
 @pytest.mark.slow
 def test_killed_right_after_an_epoch_ends_resumes_into_the_next(tmp_path, env, reference):
     """The checkpoint of step 8 closes epoch 0 (8 batches): the resumed run must start epoch 1 at
@@ -236,6 +271,58 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(tmp_path,
     assert exported.keys() <= weights.keys() and len(exported) > 10
     for name, tensor in exported.items():
         assert torch.equal(tensor, weights[name]), name
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(tmp_path, env, reference):
+    """Two FSDP ranks; rank 1 gets SIGTERM in the validation after step 6 and stays busy 5 s (a
+    compile), while rank 0 runs on into the evaluation's all-reduce. Nothing deadlocks (Lightning's
+    own handler, which broadcasts from inside the handler, did): both ranks finish the evaluation
+    and step 7, agree there, write step 7's checkpoint and exit; the resume reports what the
+    uninterrupted single process reports."""
+    run = tmp_path / "run"
+    armed = dict(
+        DISTILL_TEST_SIGNAL_AT_STEP="6",
+        DISTILL_TEST_SIGNAL_IN="validation",
+        DISTILL_TEST_SIGNAL_RANK="1",
+        DISTILL_TEST_STALL_S="5",
+    )
+    stopped = fit(run, env, *TWO_FSDP_RANKS, **armed)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "distill: rank 1 received SIGTERM; stopping at the end of this step" in stopped.stderr
+    record = status(run)
+    assert (record["state"], record["step"]) == ("interrupted", 7)
+    assert record["resume_from"] == {"path": "checkpoints/last.ckpt", "step": 7}
+    resumed = fit(run, env, *TWO_FSDP_RANKS, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    metrics = untimed(run)
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(tmp_path, env):
+    """Rank 1 gets SIGTERM after step 3 and stays busy 120 s; with a 3 s grace every process is
+    gone within seconds, and the record names the checkpoint a resume starts from (step 2's)."""
+    run = tmp_path / "run"
+    start = time.monotonic()
+    stopped = fit(
+        run,
+        {**env, "DISTILL_STOP_GRACE_S": "3"},
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--data.batch_size=3",
+        DISTILL_TEST_SIGNAL_AT_STEP="3",
+        DISTILL_TEST_SIGNAL_RANK="1",
+        DISTILL_TEST_STALL_S="120",
+    )
+    assert time.monotonic() - start < 100  # the stall alone would be 120 s (start-up included)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    record = status(run)
+    assert record["state"] == "interrupted"
+    assert "no step ended within 3 s" in record["reason"], record
+    assert record["resume_from"] == {"path": "checkpoints/last.ckpt", "step": 2}
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from distill import run_status
 from distill.experiments.run.axes import canonical_axis, format_value
 from distill.experiments.run.rundirs import OVERRIDES, SETTINGS, is_run_dir
 from distill.experiments.run.schema import SpecError
@@ -93,7 +94,10 @@ class RunRecord:
 def run_problem(run_dir: Path, data: dict | None) -> str | None:
     """None for a finished run with whole, finite metrics; else why the report leaves it out."""
     if data is None:
-        return "malformed metrics.json" if (Path(run_dir) / METRICS).exists() else "unfinished"
+        if (Path(run_dir) / METRICS).exists():
+            return "malformed metrics.json"
+        said = run_status.describe(run_status.read(run_dir))  # how its last attempt ended
+        return "unfinished" if said is None or said.startswith("running") else f"unfinished: {said}"
     status = data.get("status")
     if status == "diverged":
         return f"diverged: {data.get('reason', 'no reason recorded')}"

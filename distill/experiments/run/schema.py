@@ -60,6 +60,10 @@ class SlurmFields:
     cpus_per_task: Option | None = _field(OPTION, default=None)
     mem: Option | None = _field(OPTION, default=None)
     time: Option | None = _field(OPTION, default=None)
+    # SIGTERM to the task's sweep runner 2 minutes before the time limit: it passes it to its fit,
+    # which stops at its next step with a checkpoint (distill.stopping); the requeued or next
+    # task resumes it.
+    signal: Option | None = _field(OPTION, default="B:TERM@120")
     max_parallel: PositiveInt | None = _field("be a positive integer", default=None)
     extra: list[str] = _field(LINES, default_factory=list)
     setup: list[str] = _field(LINES, default_factory=list)

@@ -7,7 +7,10 @@ line i + 1 through the sweep runner, so a finished run is skipped and an interru
 from its `last.ckpt`, exactly as in a local sweep. Task logs go to `<out>/slurm/%A_%a.out`.
 
 sbatch options come from the spec's `slurm:` section, overridden by command-line flags:
-`partition`, `account`, `gpus`, `cpus_per_task`, `mem`, `time`, `max_parallel` (the array's
+`partition`, `account`, `gpus`, `cpus_per_task`, `mem`, `time`, `signal` (default `B:TERM@120`:
+SIGTERM to the task 2 minutes before its time limit, which the task's sweep runner, `exec`ed by the
+script, passes to its fit; the fit stops at its next step with a checkpoint and the next task
+resumes it), `max_parallel` (the array's
 `%N` throttle), `extra` (a list of further sbatch options, e.g. `--qos=high`) and `setup` (shell
 lines run before the task, e.g. `source .venv/bin/activate`).
 """
@@ -32,6 +35,7 @@ OPTION_FLAGS = {  # spec key -> sbatch option
     "cpus_per_task": "--cpus-per-task",
     "mem": "--mem",
     "time": "--time",
+    "signal": "--signal",
 }
 
 
@@ -109,7 +113,7 @@ def render_script(spec: SweepSpec, n_tasks: int, commands: Path, options: dict[s
         'line=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$COMMANDS")',
         'if [ -z "$line" ]; then echo "no line $((SLURM_ARRAY_TASK_ID + 1)) in $COMMANDS" >&2; exit 2; fi',
         'echo "task $SLURM_ARRAY_TASK_ID: $line"',
-        'eval "$line"',
+        'eval "exec $line"',  # the runner itself receives --signal's SIGTERM, not a shell
     ]
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from distill import run_status
 from distill.experiments.run import references, rundirs
 from distill.experiments.run.archive import archive_run, archived
 from distill.experiments.run.spec import Run, SweepSpec
@@ -47,6 +48,7 @@ class Progress:
         self.total, self.stream, self.jobs = total, stream, jobs
         self.status_path, self.clock = status_path, clock
         self.done = self.failed = 0
+        self.states: dict[str, int] = {}  # how the runs that ended here ended, by state
         self.tty = stream.isatty()
         self.started: dict[str, tuple[str, float]] = {}  # running run -> (kind, start)
         self.durations: dict[str, list[float]] = {}  # kind -> seconds of each run finished here
@@ -101,6 +103,9 @@ class Progress:
             "running": self.running,
             "left": left,
             "failed": self.failed,
+            # finished / diverged / failed / interrupted / killed (each run's status record), and
+            # blocked: never started (its parent did not finish, another process held it)
+            "ended_by_state": dict(sorted(self.states.items())),
             "seconds_left": None if eta is None else round(eta),
             "finish_at": None if eta is None else _clock_time(time.time() + eta),
             "running_runs": sorted(self.started),
@@ -166,7 +171,11 @@ class Tally:
     lost: set[Path] = field(default_factory=set)
     keep: Callable[[Run], None] | None = None  # archives a done run (`--archive`)
 
-    def fail(self, run: Run, code: int, log: Path, message: str) -> None:
+    def fail(self, run: Run, code: int, log: Path, message: str, blocked: bool = True) -> None:
+        """A run that will not finish in this invocation: `blocked` (never started: its parent did
+        not finish, another process holds it) or ended unfinished (`exited` counted its state)."""
+        if blocked:
+            self.progress.states["blocked"] = self.progress.states.get("blocked", 0) + 1
         self.lost.add(run.run_dir)
         self.result.failed.append((run.name, code, log))
         self.progress.failed += 1
@@ -176,6 +185,11 @@ class Tally:
         """Record a fit (or a reference's test) that exited with `code`."""
         finished = code == 0 and rundirs.run_state(run).done
         self.progress.end(run.name, finished)
+        state = rundirs.run_state(run).status if finished else None
+        if state is None:
+            state = run_status.effective_state(run_status.read(run.run_dir)) or "failed"
+            state = "failed" if state in ("running", "finished") else state  # it exited, unfinished
+        self.progress.states[state] = self.progress.states.get(state, 0) + 1
         if finished:
             self.result.finished.append(run.name)
             self.progress.done += 1
@@ -189,11 +203,14 @@ class Tally:
             if self.keep is not None:
                 self.keep(run)
             reason = (read_metrics(run.run_dir) or {}).get("reason", "")
-            self.fail(run, code, log_path, f"[sweep] DIVERGED {run.name}: {reason}; log: {log_path}")
+            self.fail(run, code, log_path, f"[sweep] DIVERGED {run.name}: {reason}; log: {log_path}", False)
             return
         written = references.TEST_METRICS if run.reference else "finished metrics.json"
         why = f"no {written}" if code == -1 else f"exit code {code}"
-        self.fail(run, code, log_path, f"[sweep] FAILED {run.name} ({why}); log: {log_path}")
+        said = run_status.describe(run_status.read(run.run_dir))
+        if said is not None and not said.startswith(("running", "finished")):
+            why += f"; {said}"
+        self.fail(run, code, log_path, f"[sweep] FAILED {run.name} ({why}); log: {log_path}", False)
 
 
 def keep_in_archive(spec: SweepSpec, run: Run, dest: Path, progress: Progress) -> None:
