@@ -24,6 +24,7 @@ model is loaded with one line naming the field, the value and what to do (`disti
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import logging
@@ -77,6 +78,7 @@ from distill.rundir import (
     check_fit_target,
     check_resume_config,
     check_trainer_flags,
+    check_writable_dir,
     clear_fit_outputs,
     default_run_dir,
     drop_checkpoints,
@@ -97,6 +99,7 @@ warnings.filterwarnings(
 warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
 
 EXIT_DIVERGED = 3
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class DistillCLI(LightningCLI):
@@ -126,6 +129,24 @@ class DistillCLI(LightningCLI):
         except ValueError as err:  # a constructor's own check, as jsonargparse wraps it
             locate = lambda path: class_path_field(self.config, path)  # noqa: E731
             raise ConfigError(instantiate_error_line(str(err), locate)) from None
+        self._check_chat_template()
+
+    def _check_chat_template(self) -> None:
+        """`data.prompts.chat_template: true` needs a tokenizer that has one: said now, before any
+        model loads (tokenizers are loaded already, and cheap)."""
+        fmt = getattr(self.datamodule, "prompts", None)
+        if fmt is None or not fmt.chat_template:
+            return
+        from distill.models.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(fmt.tokenizer) if fmt.tokenizer else getattr(self.model, "tokenizer", None)
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None) is None:
+            where = fmt.tokenizer or getattr(self.model, "student_path", None)
+            raise ConfigError(
+                f"data.prompts.chat_template is true, but the tokenizer of {where!r} has no chat template; "
+                "set data.prompts.chat_template: false for plain-text prompts, or give an instruct model's "
+                "tokenizer (data.prompts.tokenizer)"
+            )
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -183,6 +204,7 @@ class DistillCLI(LightningCLI):
         if not config.get("run_dir"):
             config.run_dir = default_run_dir()
         run_dir = Path(config.run_dir)
+        check_writable_dir(run_dir, "run_dir")
         if config.ckpt_path == "last":
             config.ckpt_path = str(run_dir / LAST_CKPT)
             if not Path(config.ckpt_path).is_file():
@@ -236,9 +258,11 @@ class DistillCLI(LightningCLI):
                     enable_version_counter=False,  # last.ckpt is replaced, never joined by last-v1.ckpt
                 )
             )
-            plugins.append(AtomicCheckpointIO())
+            io = AtomicCheckpointIO()
+            plugins.append(io)
         if self.command == "fit":
-            self.stop = StopOnSignal(run_dir, run_dir / LAST_CKPT if checkpointing else None)
+            written = io.written if checkpointing else None
+            self.stop = StopOnSignal(run_dir, run_dir / LAST_CKPT if checkpointing else None, written=written)
             callbacks.append(self.stop)
         self.record = RunRecord(
             yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_check=True)),
@@ -291,7 +315,7 @@ class DistillCLI(LightningCLI):
     def _fit_with_status(self, run_dir: Path) -> dict:
         """`_execute("fit")`, with the run's status record (`distill.run_status`) kept: running,
         then how it ended; an interrupted fit exits 128 + the signal's number."""
-        rank = self.trainer.global_rank
+        rank = rank_zero_only.rank  # as every other run file is written (DDP: the global rank)
 
         def record(state: str, reason: str | None, step: int | None = None, resume: bool = True) -> None:
             step = self.trainer.global_step if step is None else step
@@ -485,6 +509,16 @@ def run_lightning_cli(argv: list[str]) -> dict:
             print(f"distill {command}: error: {instantiate_error_line(str(err))}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            raise
+        # A full disk, a quota, a read-only mount: the run's own files say where it stands (the
+        # checkpoint before is intact: checkpoints are written beside it and renamed).
+        where = f" writing {err.filename}" if err.filename else ""
+        record = run_status.read(cli.config.run_dir) if "cli" in locals() else None
+        said = f"; {run_status.describe(record)}" if record is not None else ""
+        print(f"distill {command}: error: {err.strerror}{where}{said}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def model_record(module) -> dict:

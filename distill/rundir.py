@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -169,6 +170,26 @@ def check_trainer_flags(trainer: dict) -> None:
             continue  # further loggers are welcome; only switching TensorBoard off or on is not
         if value != default:
             raise RunDirError(f"trainer.{flag}={value!r} is not used: {what}")
+
+
+def check_writable_dir(path: Path, field: str) -> None:
+    """A run directory this process can write: a folder (or none yet, under a folder it can
+    create it in), checked by writing a nameless temporary file there. Said in one line before any
+    model loads, not as a traceback later."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{field} {str(path)!r} is a file, not a directory; give a directory for the run")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunDirError(f"{field} {str(path)!r} cannot be created: {str(existing)!r} is a file")
+    try:  # a real write: permissions, a read-only mount and a full disk all show here
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        where = "" if existing == path else f" (in {str(existing)!r})"
+        raise RunDirError(f"{field} {str(path)!r} cannot be written{where}: {err.strerror or err}") from None
 
 
 def check_fit_target(run_dir: Path, ckpt: Path | None, overwrite: bool) -> str | None:

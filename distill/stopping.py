@@ -106,14 +106,24 @@ def _take_note(signum, frame) -> None:
 
 class StopOnSignal(Callback):
     """See the module docstring. `run_dir` receives the status record of a stop the watchdog
-    forces; `checkpoint` is where the agreed stop writes (None: checkpointing is off)."""
+    forces; `checkpoint` is where the agreed stop writes (None: checkpointing is off); `written`
+    is the checkpoint IO's record of what it wrote whole (`AtomicCheckpointIO.written`)."""
 
-    def __init__(self, run_dir: str | Path, checkpoint: str | Path | None, grace_s: float | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        checkpoint: str | Path | None,
+        grace_s: float | None = None,
+        written: dict[str, int] | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
         self.grace_s = grace_seconds() if grace_s is None else grace_s
         self.signum: int | None = None
-        self.saved_step: int | None = None  # the step of the checkpoint a resume would start from
+        # Steps of the checkpoints written whole, by path (`AtomicCheckpointIO.written`), and of
+        # the one this fit resumed: where a resume would start.
+        self.written = {} if written is None else written
+        self.loaded_step: int | None = None
         self._original = {signum: signal.getsignal(signum) for signum in SIGNALS}
         self._stopping = threading.Event()  # the ranks agreed: the watchdog stands down
         self._trainer = None
@@ -206,7 +216,6 @@ class StopOnSignal(Callback):
         self.signum = self.signum or signum
         if self.checkpoint is not None:
             trainer.save_checkpoint(self.checkpoint)  # every rank: it holds a barrier
-            self.saved_step = trainer.global_step
         raise Interrupted(signal.Signals(signum).name, trainer.global_step, self.resume_from())
 
     def _agreed(self, trainer) -> int:
@@ -235,17 +244,18 @@ class StopOnSignal(Callback):
             for signum in SIGNALS:
                 signal.signal(signum, interrupt)
 
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        self.saved_step = int(checkpoint.get("global_step", trainer.global_step))
-
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        self.saved_step = int(checkpoint.get("global_step", 0))
+        self.loaded_step = int(checkpoint.get("global_step", 0))
 
     def resume_from(self) -> dict | None:
-        """The checkpoint a resume starts from, with its step, when there is one."""
-        if self.checkpoint is None or self.saved_step is None or not self.checkpoint.is_file():
+        """The checkpoint a resume starts from, with its step, when there is one: the last one
+        written whole (`written`: the checkpoint IO's record), else the one this fit resumed."""
+        if self.checkpoint is None or not self.checkpoint.is_file():
             return None
-        return {"path": str(self.checkpoint.relative_to(self.run_dir)), "step": self.saved_step}
+        step = self.written.get(str(self.checkpoint), self.loaded_step)
+        if step is None:
+            return None
+        return {"path": str(self.checkpoint.relative_to(self.run_dir)), "step": step}
 
     def _rank(self) -> int:
         trainer = self._trainer

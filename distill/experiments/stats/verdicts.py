@@ -37,6 +37,7 @@ says so beside the claim when they do.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -97,8 +98,27 @@ def stage_dir(claim_archive: str, sweep_dirs: dict[str, Path], results: Path) ->
 
 
 def _values(claim: Claim, directory: Path, baseline: Path | None) -> list[tuple[RunRecord, float]]:
-    """(run, the claim's value) for every finished run that has the metric."""
+    """(run, the claim's value) for every finished run that has the metric. An archive not written
+    yet gives none (its verdict: no runs yet), but a name that is likely a typo is an error: an
+    archive missing beside one of a close name, a metric that no finished run has."""
+    if not directory.is_dir():
+        siblings = (
+            [p.name for p in directory.parent.iterdir() if p.is_dir()] if directory.parent.is_dir() else []
+        )
+        near = difflib.get_close_matches(directory.name, siblings, n=3, cutoff=0.75)
+        if near:
+            raise ClaimsError(
+                f"claim {claim.id}: archive {claim.archive!r} has no directory {directory}; "
+                f"did you mean {' or '.join(repr(n) for n in near)} (beside it)?"
+            )
     runs = [r for r in load_records(directory) if r.finished] if directory.is_dir() else []
+    if runs and not any(claim.metric in r.metrics for r in runs):
+        names = sorted({k for r in runs for k in r.metrics})
+        near = difflib.get_close_matches(claim.metric, names, n=3, cutoff=0.5)
+        raise ClaimsError(
+            f"claim {claim.id}: metric {claim.metric!r} is in none of the {len(runs)} finished runs of "
+            f"{claim.archive}; closest: {near or names[:5]}"
+        )
     if baseline is None:
         return [(r, r.metrics[claim.metric]) for r in runs if claim.metric in r.metrics]
     parents = [r for r in load_records(baseline) if r.finished] if baseline.is_dir() else []

@@ -1,8 +1,8 @@
 """Training and measuring a real model's task teacher: a LoRA adapter on the base model, trained on a
 task's reference solutions through the model's chat template by a deterministic, resumable command.
 
-    python -m distill.models.real_teacher train smollm2-countdown --work DIR    # hours on one core
-    python -m distill.models.real_teacher evaluate smollm2-countdown --adapter DIR/adapter
+    python -m distill.real_teacher train smollm2-countdown --work DIR    # hours on one core
+    python -m distill.real_teacher evaluate smollm2-countdown --adapter DIR/adapter
 
 `train` writes the adapter (`adapter_config.json`, `adapter_model.safetensors`: what
 `distill/models/assets/real/NAME/` commits) and `recipe.json`; the training state is checkpointed
@@ -222,7 +222,7 @@ def evaluate(name: str, adapter_dir: Path | None, problems: int, max_new_tokens:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m distill.models.real_teacher", description=__doc__.split("\n")[0]
+        prog="python -m distill.real_teacher", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train an adapter (resumable)")
