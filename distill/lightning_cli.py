@@ -86,7 +86,7 @@ from distill.rundir import (
     read_metrics,
 )
 from distill.runinfo import environment, write_json_atomic, write_text_atomic
-from distill.stopping import StopOnSignal, begin_launch, launcher_gone
+from distill.stopping import StopOnSignal, begin_launch, checkpoint_point, launcher_gone
 
 # Checkpoints are written after the optimiser step on purpose (a resume continues from the state
 # the next step starts from, exactly); Lightning warns about that under manual optimisation.
@@ -258,11 +258,9 @@ class DistillCLI(LightningCLI):
                     enable_version_counter=False,  # last.ckpt is replaced, never joined by last-v1.ckpt
                 )
             )
-            io = AtomicCheckpointIO()
-            plugins.append(io)
+            plugins.append(AtomicCheckpointIO())
         if self.command == "fit":
-            written = io.written if checkpointing else None
-            self.stop = StopOnSignal(run_dir, run_dir / LAST_CKPT if checkpointing else None, written=written)
+            self.stop = StopOnSignal(run_dir, run_dir / LAST_CKPT if checkpointing else None)
             callbacks.append(self.stop)
         self.record = RunRecord(
             yaml.safe_load(self.parser.dump(self.config, skip_none=False, skip_check=True)),
@@ -361,12 +359,8 @@ class DistillCLI(LightningCLI):
 
     def _resume_from(self) -> dict | None:
         """The checkpoint a resume of this run would start from, with its step."""
-        if self.stop is not None and self.stop.resume_from() is not None:
-            return self.stop.resume_from()
-        last = Path(self.config.run_dir) / LAST_CKPT
-        if self.resume_step is not None and last.is_file():
-            return {"path": str(LAST_CKPT), "step": self.resume_step}
-        return None
+        run_dir = Path(self.config.run_dir)
+        return checkpoint_point(run_dir, run_dir / LAST_CKPT)
 
     def _execute(self, command: str, run_dir: Path) -> dict:
         # Under DDP every rank runs this (and every collective in it: fit, test, save_checkpoint);

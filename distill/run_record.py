@@ -17,19 +17,12 @@ from distill.runinfo import write_atomic
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """`torch.save` into a temporary file in the target's folder, fsync, then rename over the target.
-    `written` maps each path to the global step of the last checkpoint written there whole (what a
-    resume would start from: a write that failed, a full disk, leaves the one before)."""
-
-    def __init__(self):
-        super().__init__()
-        self.written: dict[str, int] = {}
+    """`torch.save` into a temporary file in the target's folder, fsync, then rename over the target."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
         write_atomic(path, lambda f: torch.save(checkpoint, f))
-        self.written[str(path)] = int(checkpoint.get("global_step", 0))
 
 
 def scalar_metrics(trainer) -> dict[str, float]:

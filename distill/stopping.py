@@ -100,30 +100,31 @@ def begin_launch() -> None:
         os._exit(128 + int(signal.SIGTERM))
 
 
+def checkpoint_point(run_dir: Path, checkpoint: Path | None) -> dict | None:
+    """`{"path": <relative to run_dir>, "step": N}` for the checkpoint file at `checkpoint`, None
+    when there is none (or it cannot be read)."""
+    if checkpoint is None or not checkpoint.is_file():
+        return None
+    try:
+        step = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+    except Exception:  # a partial or foreign file: nothing to promise
+        return None
+    return {"path": str(checkpoint.relative_to(run_dir)), "step": int(step)}
+
+
 def _take_note(signum, frame) -> None:
     """The Python-level handler: the wakeup pipe's reader acts (`StopOnSignal._listen`)."""
 
 
 class StopOnSignal(Callback):
     """See the module docstring. `run_dir` receives the status record of a stop the watchdog
-    forces; `checkpoint` is where the agreed stop writes (None: checkpointing is off); `written`
-    is the checkpoint IO's record of what it wrote whole (`AtomicCheckpointIO.written`)."""
+    forces; `checkpoint` is where the agreed stop writes (None: checkpointing is off)."""
 
-    def __init__(
-        self,
-        run_dir: str | Path,
-        checkpoint: str | Path | None,
-        grace_s: float | None = None,
-        written: dict[str, int] | None = None,
-    ):
+    def __init__(self, run_dir: str | Path, checkpoint: str | Path | None, grace_s: float | None = None):
         self.run_dir = Path(run_dir)
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
         self.grace_s = grace_seconds() if grace_s is None else grace_s
         self.signum: int | None = None
-        # Steps of the checkpoints written whole, by path (`AtomicCheckpointIO.written`), and of
-        # the one this fit resumed: where a resume would start.
-        self.written = {} if written is None else written
-        self.loaded_step: int | None = None
         self._original = {signum: signal.getsignal(signum) for signum in SIGNALS}
         self._stopping = threading.Event()  # the ranks agreed: the watchdog stands down
         self._trainer = None
@@ -244,18 +245,11 @@ class StopOnSignal(Callback):
             for signum in SIGNALS:
                 signal.signal(signum, interrupt)
 
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        self.loaded_step = int(checkpoint.get("global_step", 0))
-
     def resume_from(self) -> dict | None:
-        """The checkpoint a resume starts from, with its step, when there is one: the last one
-        written whole (`written`: the checkpoint IO's record), else the one this fit resumed."""
-        if self.checkpoint is None or not self.checkpoint.is_file():
-            return None
-        step = self.written.get(str(self.checkpoint), self.loaded_step)
-        if step is None:
-            return None
-        return {"path": str(self.checkpoint.relative_to(self.run_dir)), "step": step}
+        """The checkpoint a resume starts from, with its step, when there is one: the file as it
+        is (a write that failed, a full disk, left the one before whole). Its step is read
+        without its tensors (memory-mapped), so this costs little even for a large model."""
+        return checkpoint_point(self.run_dir, self.checkpoint)
 
     def _rank(self) -> int:
         trainer = self._trainer

@@ -49,12 +49,16 @@ class SignalAt(Callback):
     own process after optimiser step k (`DISTILL_TEST_SIGNAL_IN=step`, the default) or in the first
     validation batch after it (`validation`), then stay busy `DISTILL_TEST_STALL_S` seconds (a
     compile: the other rank runs on into its next collective meanwhile). `DISTILL_TEST_SIGKILL=1`
-    sends SIGKILL instead (the launcher's death, when the rank is 0)."""
+    sends SIGKILL instead (the launcher's death, when the rank is 0); `DISTILL_TEST_SIGNAL_RUN`
+    arms it only in the run directory whose path ends so (a sweep's run)."""
 
     def _fire(self, trainer, where: str) -> None:
         if not _armed("DISTILL_TEST_SIGNAL_AT_STEP", trainer):
             return
         if os.environ.get("DISTILL_TEST_SIGNAL_IN", "step") != where:
+            return
+        only = os.environ.get("DISTILL_TEST_SIGNAL_RUN")  # in a sweep: the run whose directory ends so
+        if only and not str(trainer.default_root_dir).endswith(only):
             return
         if _rank(trainer) != int(os.environ.get("DISTILL_TEST_SIGNAL_RANK", "0")) or getattr(
             self, "fired", False

@@ -23,7 +23,8 @@ def smollm2_dir():
 
 def test_unknown_real_model_is_refused_naming_the_known_ones():
     with pytest.raises(
-        ValueError, match=r"model.student: unknown real model 'real:smollm3'; known: \['real:smollm2'\]"
+        ValueError,
+        match=r"model.student: unknown real model 'real:smollm3'; known: \['real:smollm2', 'real:smollm2-countdown'\]",
     ):
         check_model_path("real:smollm3", "model.student")
 
@@ -115,58 +116,87 @@ def test_the_chat_prompt_has_one_bos_and_pad_is_eos(smollm2_dir):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_distill_fit_on_smollm2_through_the_chat_template_with_every_measurement(
-    smollm2_dir, tmp_path, monkeypatch
-):
-    """A real pretrained model through `distill fit` (configs/real/smollm2.yaml, shortened):
-    SmolLM2 teaches itself with privileged context (tinysci's reference solution in the teacher's
-    system message), half of each batch written by the teacher, for two steps; every measurement
-    reports, forgetting as NLL on real text."""
-    import yaml
-
-    from distill.lightning_cli import run_lightning_cli
-
-    monkeypatch.chdir(ROOT)
-    run = tmp_path / "run"
-    short = {
-        "trainer.max_steps": 2,
-        "trainer.val_check_interval": 2,
-        "data.batch_size": 2,
-        "data.train_size": 16,
-        "data.sampling.max_new_tokens": 12,
-        "data.evaluation.val_size": 2,
-        "data.evaluation.test_size": 2,
-        "data.evaluation.batch_size": 4,
-        "data.evaluation.max_new_tokens": 12,
-    }
-    flags = [w for key, value in short.items() for w in (f"--{key}", str(value))]
-    run_lightning_cli(["fit", "--config", "configs/real/smollm2.yaml", *flags, "--run_dir", str(run)])
-
-    record = json.loads((run / "metrics.json").read_text())
-    assert record["status"] == "finished"
-    m = record["metrics"]
-    assert m["train/reverse_kl"] > 0 and m["train/teacher_entropy"] > 0
-    assert 0 < m["train/teacher_share"] < 1  # the mixture: both wrote tokens
-    assert m["cost/teacher_generated_tokens"] > 0 and m["cost/student_generated_tokens"] > 0
-    assert {"test/tinysci/accuracy", "test/tinysci/pass@2", "val/tinysci/reverse_kl"} <= set(m)
-    assert m["forgetting/passages/score"] > 0  # nats per token of real text
-    assert "forgetting/passages/delta" in m
-    assert 0 < m["sparsity/overall"] < 1 and m["sparsity/relative_update_norm"] > 0
-    assert m["grad/param_norm"] > 0 and "style/teacher_style_share" in m
-    assert m["cost/flops"] > 0
-    assert (
-        yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["student"] == "real:smollm2"
-    )
-    recorded = json.loads((run / "env.json").read_text())["models"]["student"]
-    assert recorded["path"] == smollm2_dir and recorded["real"]["name"] == "real:smollm2"
-    exported = load_tokenizer(str(run / "student"))
-    assert exported.chat_template == load_tokenizer("real:smollm2").chat_template
-
-
 def test_the_module_converts_ahead_of_use_and_refuses_unknown_names(smollm2_dir, capsys):
     real.main([])
-    assert capsys.readouterr().out == f"real:smollm2: {smollm2_dir}\n"
+    assert capsys.readouterr().out == (
+        f"real:smollm2: {smollm2_dir}\nreal:smollm2-countdown: {real.folder('smollm2-countdown')}\n"
+    )
     with pytest.raises(SystemExit):
         real.main(["smollm3"])
-    assert "unknown model(s) ['smollm3']; known: ['smollm2']" in capsys.readouterr().err
+    assert "unknown model(s) ['smollm3']; known: ['smollm2', 'smollm2-countdown']" in capsys.readouterr().err
+
+
+def test_the_teachers_training_rows_skip_the_evaluation_problems_and_are_fixed():
+    from distill.real_teacher import HELD_OUT_ROWS, training_rows
+    from distill.seeds import path_seed
+    from distill.tasks import countdown
+    from distill.tasks.registry import get_task
+
+    adapter = real.adapter("smollm2-countdown")
+    rows = training_rows(adapter)
+    assert len(rows) == adapter.steps * adapter.batch_size
+    assert rows == training_rows(adapter)  # a resumed run reads the same problems in the same order
+    task = get_task(adapter.task)
+    held = {
+        (tuple(r["numbers"]), r["target"])
+        for p in ("val", "test")
+        for r in task.rows(HELD_OUT_ROWS, path_seed(p))
+    }
+    assert not held & {(tuple(r["numbers"]), r["target"]) for r in rows}
+    for r in rows[:50]:
+        assert countdown.score(r["completion"], r["numbers"], r["target"]) == 1.0
+
+
+def test_the_teachers_examples_are_the_students_prompt_then_the_solution_and_eos(smollm2_dir):
+    from distill.data.prompts import PromptCollator
+    from distill.real_teacher import ChatCollator, training_rows
+
+    tok = load_tokenizer("real:smollm2")
+    rows = training_rows(real.adapter("smollm2-countdown"))[:3]
+    batch = ChatCollator(tok)(rows)
+    prompts = PromptCollator(tok, chat_template=True).student(rows)
+    for i, row in enumerate(rows):
+        prompt = prompts["input_ids"][i][prompts["attention_mask"][i].bool()].tolist()
+        ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+        assert ids[: len(prompt)] == prompt  # what the student reads in a fit, token for token
+        learned = [t for t in batch["labels"][i].tolist() if t != -100]
+        assert learned == ids[len(prompt) :] and learned[-1] == tok.eos_token_id
+        assert tok.decode(learned[:-1]) == row["completion"]
+
+
+def test_an_adapter_not_committed_is_one_line_saying_how_to_train_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("DISTILL_CACHE", str(tmp_path))
+    monkeypatch.setattr(real, "ASSETS", tmp_path / "assets")
+    monkeypatch.setattr(real, "gguf_path", lambda name, field="model": pytest.fail("converted the base"))
+    (tmp_path / "real" / "smollm2").mkdir(parents=True)
+    (tmp_path / "real" / "smollm2" / real.MARKER).write_text("{}")
+    with pytest.raises(FileNotFoundError) as err:
+        check_model_path("real:smollm2-countdown", "model.teacher")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(
+        "model.teacher: real:smollm2-countdown has no adapter at "
+    )
+    assert "python -m distill.real_teacher train smollm2-countdown --work DIR" in message
+
+
+@pytest.mark.slow
+def test_the_teacher_is_its_base_with_the_committed_adapter_merged(smollm2_dir):
+    """`real:smollm2-countdown`'s weights against an independent computation: the base model with
+    the adapter applied by peft, unmerged (W x + B A x scaled), on real prompts."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    teacher = load_model("real:smollm2-countdown", "float32")
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    unmerged = PeftModel.from_pretrained(base, str(real.adapter_folder("smollm2-countdown"))).eval()
+    tok = load_tokenizer("real:smollm2")
+    ids = tok(
+        ["Using the numbers [3, 7, 9], create", "The capital of France"], return_tensors="pt", padding=True
+    )
+    with torch.no_grad():
+        merged_logits = teacher(**ids).logits
+        unmerged_logits = unmerged(**ids).logits
+    assert torch.allclose(merged_logits, unmerged_logits, atol=2e-3, rtol=0)
+    record = real.record_of(real.resolve("real:smollm2-countdown"))
+    assert record["name"] == "real:smollm2-countdown" and record["task"] == "countdown3"
+    assert record["adapter_sha256"] and record["base_record"]["name"] == "real:smollm2"
