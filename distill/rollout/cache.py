@@ -32,6 +32,17 @@ from distill.runinfo import write_json_atomic
 _FINGERPRINT_ELEMENTS = 4096
 
 
+def _picks(n: int, device) -> torch.Tensor:
+    """Up to `_FINGERPRINT_ELEMENTS` evenly spaced indices into `n` elements. Up to 2**24 elements
+    they are float32 `linspace`'s, as every cache key written so far has them; past it float32
+    cannot hold the indices (a 49,152 x 576 embedding's last one rounded to 28,311,552, out of
+    range), so they are computed in integers."""
+    k = min(_FINGERPRINT_ELEMENTS, n)
+    if n <= 2**24:
+        return torch.linspace(0, n - 1, k, device=device).long()
+    return torch.arange(k, device=device, dtype=torch.int64) * (n - 1) // max(1, k - 1)
+
+
 def teacher_identity(model: nn.Module) -> str:
     """`config._name_or_path` plus a cheap fingerprint of the weights.
 
@@ -46,10 +57,7 @@ def teacher_identity(model: nn.Module) -> str:
         digest.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
     for index in sorted({0, len(params) // 2, len(params) - 1} if params else set()):
         flat = params[index][1].detach().reshape(-1)
-        picks = torch.linspace(
-            0, flat.numel() - 1, min(_FINGERPRINT_ELEMENTS, flat.numel()), device=flat.device
-        )
-        digest.update(flat[picks.long()].float().cpu().numpy().tobytes())
+        digest.update(flat[_picks(flat.numel(), flat.device)].float().cpu().numpy().tobytes())
     name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
     return f"{name}@{digest.hexdigest()[:16]}"
 

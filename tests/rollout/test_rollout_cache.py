@@ -187,3 +187,30 @@ def test_sampler_version_enters_the_key(monkeypatch):
     current = row_key(*args)
     monkeypatch.setattr(cache_module, "SAMPLER_VERSION", SAMPLER_VERSION + 1)
     assert row_key(*args) != current
+
+
+def test_teacher_identity_reads_large_parameters_to_their_last_element_and_keeps_small_keys():
+    """A parameter past 2**24 elements (SmolLM2's 49,152 x 576 embedding; every paper model's)
+    once made float32 indices round past its end. Small parameters keep the picks every cache key
+    written so far was made with (float32 linspace, checked here against that formula)."""
+    import hashlib
+
+    from torch import nn
+
+    big = nn.Module()
+    big.weight = nn.Parameter(torch.zeros(49_152 * 576, dtype=torch.bfloat16), requires_grad=False)
+    before = teacher_identity(big)
+    with torch.no_grad():
+        big.weight[-1] = 1.0  # the last element is one of the picks
+    assert teacher_identity(big) != before
+
+    small = nn.Linear(7, 5)
+    digest = hashlib.sha256()
+    params = list(small.named_parameters())
+    for name, p in params:
+        digest.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    for index in sorted({0, len(params) // 2, len(params) - 1}):
+        flat = params[index][1].detach().reshape(-1)
+        picks = torch.linspace(0, flat.numel() - 1, min(4096, flat.numel()))
+        digest.update(flat[picks.long()].float().numpy().tobytes())
+    assert teacher_identity(small) == f"Linear@{digest.hexdigest()[:16]}"
