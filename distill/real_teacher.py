@@ -158,18 +158,20 @@ def train(name: str, work: Path, checkpoint_minutes: float = 5.0) -> Path:
     )
     trainer.fit(LMTrainer(model, adapter.lr, adapter.steps), loader, ckpt_path=last if step else None)
     out = work / "adapter"
-    save_adapter(model, out)
+    save_adapter(model, out, name)
     (out / "recipe.json").write_text(json.dumps(real.adapter_record(name), indent=1) + "\n")
     say(f"{name}: adapter written to {out} after {progress.seconds / 60:.1f} min of training")
     return out
 
 
-def save_adapter(model, out: Path) -> None:
+def save_adapter(model, out: Path, name: str) -> None:
     """The adapter's weights in bfloat16 (half the bytes to commit; the merged teacher is made from,
     and measured as, these rounded values)."""
     for p in model.parameters():
         if p.requires_grad:
             p.data = p.data.to(torch.bfloat16)
+    for config in model.peft_config.values():  # the base by its name, not this machine's cache path
+        config.base_model_name_or_path = real.PREFIX + real.adapter(name).base
     model.save_pretrained(out)
 
 

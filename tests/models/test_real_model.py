@@ -186,7 +186,7 @@ def test_the_teacher_is_its_base_with_the_committed_adapter_merged(smollm2_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    teacher = load_model("real:smollm2-countdown", "float32")
+    teacher = load_model(real.resolve("real:smollm2-countdown"), "float32")
     base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
     unmerged = PeftModel.from_pretrained(base, str(real.adapter_folder("smollm2-countdown"))).eval()
     tok = load_tokenizer("real:smollm2")
