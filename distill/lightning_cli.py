@@ -191,6 +191,9 @@ class DistillCLI(LightningCLI):
             "metrics.json, student/ and tensorboard/ stay. Failed, diverged or interrupted runs keep "
             "them and stay resumable",
         )
+        # Runs are seeded: a config that names no seed gets 0, not Lightning's `true` (a random
+        # seed, which `data.seed` cannot take and a rerun could not repeat).
+        parser.set_defaults({"seed_everything": 0})
         parser.link_arguments("seed_everything", "data.seed")
 
     # --- checks before anything is instantiated or written ----------------------------------------

@@ -47,6 +47,7 @@ from distill.training import (
     check_optimizer,
     completion_statistics,
     log_texts,
+    resolve_callable,
     student_optimizers,
 )
 
@@ -114,6 +115,7 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         # Plain mappings in the hyper-parameters (and so in checkpoints), read back by `settings`.
         self.hparams.update(text_log=asdict(self.text_log), execution=asdict(self.execution))
         self.loop = StepLoop(micro_batch_size, gradient_clip_val, max_nonfinite_steps)
+        optimizer = resolve_callable(optimizer, "model.optimizer")
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         resolve_dtype(teacher_dtype, "model.teacher_dtype")

@@ -222,7 +222,7 @@ def evaluate(name: str, adapter_dir: Path | None, problems: int, max_new_tokens:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m distill.real_teacher", description=__doc__.split("\n")[0]
     )
@@ -242,7 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--max-new-tokens", type=int, default=64)
     e.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     e.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.command == "train":
         train(args.name, args.work)

@@ -23,6 +23,7 @@ good weights. Under DDP the decision is taken on every rank together."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from collections.abc import Callable
@@ -165,6 +166,22 @@ def student_optimizers(student, optimizer_factory, scheduler_factory=None):
         "optimizer": optimizer,
         "lr_scheduler": {"scheduler": scheduler_factory(optimizer), "interval": "step"},
     }
+
+
+def resolve_callable(value, field: str):
+    """`value`, or the object its import path names: jsonargparse hands a function default of an
+    `OptimizerCallable` argument (the modules' `_default_optimizer`) on as that path, unresolved, when
+    a config names no optimizer."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        found = None
+    if not callable(found):
+        raise ValueError(f"{field}: {value!r} names no callable")
+    return found
 
 
 def check_optimizer(optimizer, lr_scheduler=None, owner: str = "model") -> None:

@@ -249,3 +249,32 @@ def test_a_fit_with_a_teacher_only_context(tiny_world_cache, tmp_path, monkeypat
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and "\n" not in err and said in err, err
         assert not bad.exists()
+
+
+def test_a_config_that_names_no_seed_and_no_optimizer_fits_with_the_defaults(tiny_world_cache, tmp_path):
+    """Written from scratch, a config may leave out `seed_everything` (Lightning's default, `true`,
+    reached `data.seed` as a bool) and the optimiser (jsonargparse passed the default function
+    on as its import path): the run gets seed 0 and the module's AdamW."""
+    config = tmp_path / "minimal.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1, "num_sanity_val_steps": 0},
+                "model": {
+                    "class_path": "distill.module.DistillationModule",
+                    "init_args": {"student": "tiny-world:student", "teacher": "tiny-world:teacher"},
+                },
+                "data": {
+                    "task": "countdown3",
+                    "batch_size": 2,
+                    "train_size": 4,
+                    "evaluation": {"val_size": 2, "test_size": 2},
+                },
+            }
+        )
+    )
+    run = tmp_path / "run"
+    metrics = run_lightning_cli(["fit", "--config", str(config), "--run_dir", str(run)])
+    assert metrics["train/lr"] == pytest.approx(1e-4)  # distill.module._default_optimizer's AdamW
+    recorded = yaml.safe_load((run / "config.yaml").read_text())
+    assert recorded["seed_everything"] == 0  # and data.seed with it (a link: not in the file)

@@ -318,6 +318,11 @@ def check_command(shell: Shell, words: list[str]) -> None:
                 runpy.run_module("distill.memory", run_name="__main__", alter_sys=False)
             assert "per GPU, GB" in out.getvalue()
             return
+        if args[:2] == ["-m", "distill.real_teacher"]:  # parsed, not run: it trains for an hour
+            from distill.real_teacher import parser
+
+            parser().parse_args(args[2:])
+            return
         assert args and args[0].endswith(".py"), f"python {args}: not a command this test checks"
         return check_script(shell, args[0], args[1:])
     if program == "bash":

@@ -71,6 +71,7 @@ from distill.training import (
     check_optimizer,
     completion_statistics,
     log_texts,
+    resolve_callable,
     student_optimizers,
 )
 
@@ -135,6 +136,7 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         # Plain mappings in the hyper-parameters (and so in checkpoints), read back by `settings`.
         self.hparams.update({name: asdict(group) for name, group in groups.items()})
         self.loop = StepLoop(micro_batch_size, gradient_clip_val, max_nonfinite_steps)
+        optimizer = resolve_callable(optimizer, "model.optimizer")
         check_optimizer(optimizer, lr_scheduler)
         resolve_dtype(student_dtype, "model.student_dtype")
         if reference_dtype is not None:

@@ -275,12 +275,11 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(tmp_path,
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(tmp_path, env, reference):
+def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(tmp_path, env):
     """Two FSDP ranks; rank 1 gets SIGTERM in the validation after step 6 and stays busy 5 s (a
     compile), while rank 0 runs on into the evaluation's all-reduce. Nothing deadlocks (Lightning's
     own handler, which broadcasts from inside the handler, did): both ranks finish the evaluation
-    and step 7, agree there, write step 7's checkpoint and exit; the resume reports what the
-    uninterrupted single process reports."""
+    and step 7, agree there, write step 7's checkpoint and exit."""
     run = tmp_path / "run"
     armed = dict(
         DISTILL_TEST_SIGNAL_AT_STEP="6",
@@ -294,12 +293,8 @@ def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(
     record = status(run)
     assert (record["state"], record["step"]) == ("interrupted", 7)
     assert record["resume_from"] == {"path": "checkpoints/last.ckpt", "step": 7}
-    resumed = fit(run, env, *TWO_FSDP_RANKS, "--ckpt_path", "last")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    metrics = untimed(run)
-    assert metrics.keys() == reference.keys()
-    for key, value in reference.items():
-        assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["global_step"] == 7  # a resume from it: as any (test_fsdp_ranks_killed_and_resumed...)
 
 
 @pytest.mark.slow

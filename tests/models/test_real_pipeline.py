@@ -30,10 +30,10 @@ def short_config(where: Path) -> Path:
     the fault injector (tests/faults/inject.py) armed by the environment."""
     config = yaml.safe_load(CONFIG.read_text())
     smaller = {
-        "TaskEvaluation": {"num_problems": 2, "num_samples": 2, "ks": [1, 2]},
-        "Forgetting": {"num_examples": 4, "every_n_steps": 2},
+        "TaskEvaluation": {"num_problems": 1, "num_samples": 2, "ks": [1, 2]},
+        "Forgetting": {"num_examples": 2, "every_n_steps": 2},
         "UpdateSparsity": {"every_n_steps": 2},
-        "StyleProbe": {"num_prompts": 2, "every_n_steps": 2},
+        "StyleProbe": {"num_prompts": 1, "every_n_steps": 2},
     }
     for callback in config["trainer"]["callbacks"]:
         callback.setdefault("init_args", {}).update(
@@ -43,8 +43,8 @@ def short_config(where: Path) -> Path:
     config["trainer"].update(max_steps=2, val_check_interval=2)
     data = config["data"]
     data.update(batch_size=2, train_size=8)
-    data["sampling"]["max_new_tokens"] = 12
-    data["evaluation"].update(val_size=2, test_size=2, batch_size=2, max_new_tokens=16)
+    data["sampling"]["max_new_tokens"] = 8
+    data["evaluation"].update(val_size=2, test_size=2, batch_size=2, max_new_tokens=8)
     path = where / "real_short.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -72,7 +72,8 @@ def distill(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> tuple[Path, Path, list[subprocess.CompletedProcess]]:
-    """(the sweep's output, the short config, [first invocation, rerun, report])."""
+    """(the sweep's output, the short config, [first invocation, rerun, report], the sweep's status
+    after the first invocation). Two fits at a time, one thread each: the machine's two cores."""
     where = tmp_path_factory.mktemp("real")
     config = short_config(where)
     spec = where / "real.yaml"
@@ -88,14 +89,15 @@ def swept(tmp_path_factory) -> tuple[Path, Path, list[subprocess.CompletedProces
         )
     )
     armed = environment(DISTILL_TEST_SIGNAL_AT_STEP="1", DISTILL_TEST_SIGNAL_RUN=STOPPED)
-    first = distill("sweep", str(spec), env=armed)
+    first = distill("sweep", str(spec), "--jobs", "2", env=armed)
+    status = json.loads((where / "runs" / "status.json").read_text())
     rerun = distill("sweep", str(spec), env=environment())
     report = distill("report", str(where / "runs"), env=environment())
-    return where / "runs", config, [first, rerun, report]
+    return where / "runs", config, [first, rerun, report], status
 
 
 def test_a_sweep_of_the_real_pair_stops_resumes_and_reports(swept):
-    out, _, (first, rerun, report) = swept
+    out, _, (first, rerun, report), status = swept
     stopped = out / STOPPED
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
     said = (
@@ -103,22 +105,19 @@ def test_a_sweep_of_the_real_pair_stops_resumes_and_reports(swept):
         "checkpoints/last.ckpt (step 1)"
     )
     assert f"FAILED {STOPPED} (exit code 143; {said})" in first.stdout
-    assert json.loads((out / "status.json").read_text())["ended_by_state"] == {
-        "finished": 3,
-        "interrupted": 1,
-    }
+    assert status["ended_by_state"] == {"finished": 3, "interrupted": 1}
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert "1 finished now, 3 skipped (finished before), 0 failed" in rerun.stdout
     assert json.loads((stopped / "status.json").read_text())["state"] == "finished"
     assert "--ckpt_path" in (stopped / "fit.log").read_text()  # resumed, not restarted
     assert report.returncode == 0, report.stderr[-3000:]
-    assert "4 finished runs of 4" in (out / "report.md").read_text()
+    assert "4 finished runs of 4" in (out / "report" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("mix", [0, 1])
 def test_every_run_measures_everything_through_the_chat_template(swept, precision, mix):
-    out, _, _ = swept
+    out, *_ = swept
     run = out / f"mix={mix},trainer.precision={precision}"
     record = json.loads((run / "metrics.json").read_text())
     assert record["status"] == "finished"
@@ -143,7 +142,7 @@ def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
     """A GRPO stage from the exported student of a distillation run, through the chat template."""
     from distill.lightning_cli import run_lightning_cli
 
-    out, _, _ = swept
+    out, *_ = swept
     student = out / "mix=0,trainer.precision=bf16-mixed" / "student"
     config = {
         "seed_everything": 0,
@@ -151,7 +150,7 @@ def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
             "accelerator": "cpu",
             "devices": 1,
             "max_steps": 2,
-            "val_check_interval": 1,
+            "val_check_interval": 2,
             "check_val_every_n_epoch": None,
             "num_sanity_val_steps": 0,
             "log_every_n_steps": 1,
@@ -172,9 +171,9 @@ def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
             "group_size": 2,
             "batch_size": 1,
             "train_size": 4,
-            "sampling": {"max_new_tokens": 12, "temperature": 1.0},
+            "sampling": {"max_new_tokens": 8, "temperature": 1.0},
             "prompts": {"chat_template": True},
-            "evaluation": {"val_size": 2, "test_size": 2, "batch_size": 2, "max_new_tokens": 16},
+            "evaluation": {"val_size": 2, "test_size": 2, "batch_size": 2, "max_new_tokens": 8},
         },
     }
     path = tmp_path / "grpo.yaml"
@@ -189,7 +188,7 @@ def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
 
 
 def test_a_two_rank_ddp_fit_of_the_real_pair(swept, tmp_path):
-    _, config, _ = swept
+    _, config, *_ = swept
     run = tmp_path / "run"
     done = distill(
         "fit",
