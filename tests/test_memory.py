@@ -157,6 +157,7 @@ TEACHER = Architecture("small-teacher", "llama", 2, 256, 4, 2, 512, VOCAB, False
 ROWS, PROMPT, NEW, MICRO = 8, 32, 64, 4
 # Decoding peaks in the prefill (here, for the first two) or at its last steps: the whole KV cache
 # beside the LM head's transient bf16 weight copy (the short prompt here; the paper's rollouts).
+# SmolLM2 decodes the first only (the three cost most of its 50 s; the small shapes cover them).
 ROLLOUTS = (
     ("rollout", PROMPT, NEW),
     ("rollout, long prompt", 3 * PROMPT, 8),
@@ -259,7 +260,7 @@ def measured(request, tmp_path_factory):
     )
     module.configure_model()
     out = {}
-    for name, prompt, new in ROLLOUTS:
+    for name, prompt, new in ROLLOUTS[:1] if request.param == "smollm2" else ROLLOUTS:
         # An EOS id past the vocabulary: every row runs to the budget, as random models' rows do.
         sampler = RolloutSampler(mix=0.0, max_new_tokens=new, temperature=1.0, eos_token_id=arch.vocab)
         sampler.use_tokenizer(module.tokenizer)
@@ -295,7 +296,7 @@ def test_rollout_and_step_peaks_match_the_formula(measured):
     with_stats = step_components(run)
     without = step_components(replace(run, gradient_stats=False))
     predicted = {
-        **{name: decode(arch, ROWS, p, n, student=True) for name, p, n in ROLLOUTS},
+        **{name: decode(arch, ROWS, p, n, student=True) for name, p, n in ROLLOUTS if name in peaks},
         "backward": grads + saved + step_peaks(without)[0],
         "backward, GradientStats": grads + saved + step_peaks(with_stats)[0],
         "optimiser": grads + step_peaks(with_stats)[1],
