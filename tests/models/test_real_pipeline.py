@@ -43,8 +43,9 @@ def short_config(where: Path) -> Path:
     config["trainer"].update(max_steps=2, val_check_interval=2)
     data = config["data"]
     data.update(batch_size=2, train_size=8)
-    data["sampling"]["max_new_tokens"] = 8
-    data["evaluation"].update(val_size=2, test_size=2, batch_size=2, max_new_tokens=8)
+    # Four new tokens a rollout: decoding is most of a fit's time (each token reads the whole model).
+    data["sampling"]["max_new_tokens"] = 4
+    data["evaluation"].update(val_size=2, test_size=2, batch_size=2, max_new_tokens=4)
     path = where / "real_short.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -171,9 +172,9 @@ def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
             "group_size": 2,
             "batch_size": 1,
             "train_size": 4,
-            "sampling": {"max_new_tokens": 8, "temperature": 1.0},
+            "sampling": {"max_new_tokens": 4, "temperature": 1.0},
             "prompts": {"chat_template": True},
-            "evaluation": {"val_size": 2, "test_size": 2, "batch_size": 2, "max_new_tokens": 8},
+            "evaluation": {"val_size": 2, "test_size": 2, "batch_size": 2, "max_new_tokens": 4},
         },
     }
     path = tmp_path / "grpo.yaml"
