@@ -133,3 +133,27 @@ def test_a_report_says_how_an_unfinished_run_ended(tmp_path):
     assert run_problem(tmp_path, None) == (
         "unfinished: interrupted at step 4: SIGTERM: stopped; resumes from checkpoints/last.ckpt (step 4)"
     )
+
+
+def test_rank_0s_line_names_the_rank_that_failed_first_with_its_error(tmp_path, capsys):
+    """Rank 1 failed first and wrote its record; rank 0 then fails on the closed connection: its
+    line names rank 1 and rank 1's error, and it ends the rank it launched."""
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    from distill.parallel import end_launched_ranks
+
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    launcher.procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+    run_status.write(tmp_path, "failed", reason="ValueError: a bad row on rank 1", rank=1, step=3)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=launcher))
+    try:
+        end_launched_ranks(trainer, RuntimeError("Connection closed by peer"), tmp_path)
+        assert launcher.procs[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        launcher.procs[0].kill()
+    assert capsys.readouterr().err == (
+        "distill: rank 1 failed (ValueError: a bad row on rank 1); ending the 1 rank(s) rank 0 launched\n"
+    )
