@@ -39,7 +39,6 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -68,7 +67,7 @@ from distill.models.tiny_world import world_of
 from distill.parallel import end_launched_ranks_on_failure, end_process_group
 from distill.rl import GRPOModule
 from distill.rl.objective import check_sampling
-from distill.run_record import AtomicCheckpointIO, RunRecord, read_checkpoint_record
+from distill.run_record import AtomicCheckpointIO, PeriodicCheckpoint, RunRecord, read_checkpoint_record
 from distill.rundir import (
     LAST_CKPT,
     METRICS,
@@ -252,7 +251,7 @@ class DistillCLI(LightningCLI):
         if checkpointing:
             every = self.config_init.checkpoint_every_n_steps
             callbacks.append(
-                ModelCheckpoint(
+                PeriodicCheckpoint(
                     dirpath=run_dir / "checkpoints",
                     save_last=True,
                     save_top_k=0,

@@ -10,10 +10,20 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from distill.rundir import RECORD_KEY, RunDirError
 from distill.runinfo import write_atomic
+
+
+class PeriodicCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` for `last.ckpt` every N optimiser steps, without its save when training
+    ends: `distill fit` writes the end-of-training state itself once the fit has returned (the
+    final validation's figures in it), and the two wrote the same state twice (for a paper-sized
+    student with AdamW's moments, 100 GB written for nothing at the end of every run)."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        return
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

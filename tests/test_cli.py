@@ -278,3 +278,23 @@ def test_a_config_that_names_no_seed_and_no_optimizer_fits_with_the_defaults(tin
     assert metrics["train/lr"] == pytest.approx(1e-4)  # distill.module._default_optimizer's AdamW
     recorded = yaml.safe_load((run / "config.yaml").read_text())
     assert recorded["seed_everything"] == 0  # and data.seed with it (a link: not in the file)
+
+
+def test_a_fit_writes_its_end_of_training_checkpoint_once(tiny_world_cache, tmp_path, monkeypatch):
+    """Lightning's ModelCheckpoint saved last.ckpt when training ended and `distill fit` saved the
+    same state again after the fit: a whole student and optimiser written twice per run. Now the
+    periodic saves (every 2 steps here) and one at the end."""
+    from distill.run_record import AtomicCheckpointIO
+
+    saves = []
+    original = AtomicCheckpointIO.save_checkpoint
+
+    def counted(self, checkpoint, path, storage_options=None):
+        saves.append(checkpoint["global_step"])
+        return original(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", counted)
+    monkeypatch.chdir(ROOT)
+    args = ["fit", "--config", "configs/tiny/fkl_mix0.5.yaml", *SHORT, "--trainer.max_steps", "3"]
+    run_lightning_cli([*args, "--checkpoint_every_n_steps", "2", "--run_dir", str(tmp_path / "run")])
+    assert saves == [2, 3]
