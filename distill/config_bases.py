@@ -47,13 +47,7 @@ MOVED: dict[tuple[str, str], str] = {
     },
     **{
         ("data", name): f"prompts.{name}"
-        for name in (
-            "tokenizer",
-            "chat_template",
-            "chat_template_kwargs",
-            "teacher_context",
-            "student_context",
-        )
+        for name in ("tokenizer", "chat_template", "chat_template_kwargs", "teacher_context", "student_context")
     },
     **{("data", name): f"evaluation.{name}" for name in ("val_tasks", "test_tasks", "val_size", "test_size")},
     ("data", "eval_batch_size"): "evaluation.batch_size",

@@ -74,11 +74,7 @@ def test_a_config_moves_under_model_init_args_and_data_and_the_new_spelling_wins
 def test_the_committed_configs_use_the_new_spelling():
     files = sorted((ROOT / "configs").rglob("*.yaml")) + sorted((ROOT / "docs" / "examples").glob("*.yaml"))
     assert files
-    stale = {
-        str(f.relative_to(ROOT)): moves
-        for f in files
-        if (moves := moved_config(yaml.safe_load(f.read_text()))[1])
-    }
+    stale = {str(f.relative_to(ROOT)): moves for f in files if (moves := moved_config(yaml.safe_load(f.read_text()))[1])}
     assert stale == {}
 
 
@@ -93,9 +89,7 @@ def test_an_archived_run_config_resolves_to_its_values(capsys):
     printed = yaml.safe_load(captured.out)
     assert captured.err.count("settings moved") == 1 and str(ARCHIVED) in captured.err
     for (section, old), place in MOVED.items():
-        block = (
-            archived[section].get("init_args", archived[section]) if section == "model" else archived[section]
-        )
+        block = archived[section].get("init_args", archived[section]) if section == "model" else archived[section]
         if old not in block:
             continue
         group, field = place.split(".")

@@ -13,22 +13,8 @@ from distill.rundir import RunDirError, drop_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "1", "--data.batch_size", "4"]
-SHORT += [
-    "--data.evaluation.val_size",
-    "8",
-    "--data.evaluation.batch_size",
-    "8",
-    "--data.sampling.max_new_tokens",
-    "12",
-]
-SHORT += [
-    "--data.evaluation.max_new_tokens",
-    "12",
-    "--data.train_size",
-    "64",
-    "--trainer.log_every_n_steps",
-    "1",
-]
+SHORT += ["--data.evaluation.val_size", "8", "--data.evaluation.batch_size", "8", "--data.sampling.max_new_tokens", "12"]
+SHORT += ["--data.evaluation.max_new_tokens", "12", "--data.train_size", "64", "--trainer.log_every_n_steps", "1"]
 
 
 def fake_run(run: Path, metrics: str | None) -> None:

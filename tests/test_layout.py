@@ -197,7 +197,6 @@ def test_the_experiments_docstring_indexes_every_module():
     missing = [m for m in named if f"`{m}`" not in index]
     assert not missing, f"distill/experiments/__init__.py's index misses {missing}"
 
-
 def test_sweep_and_report_code_imports_no_framework():
     frameworks = ["torch", "lightning", "transformers"]
     modules = ["distill.cli", *_experiment_modules()]

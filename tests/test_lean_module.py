@@ -80,8 +80,7 @@ def test_lean_step_equals_the_full_logits_step(pair, divergence, micro):
     rollout = _rollout()
     lean = _step(_module(pair, divergence=divergence(), micro_batch_size=micro), rollout)
     full = _step(
-        _module(pair, divergence=divergence(), micro_batch_size=micro, execution={"lean_logits": False}),
-        rollout,
+        _module(pair, divergence=divergence(), micro_batch_size=micro, execution={"lean_logits": False}), rollout
     )
     torch.testing.assert_close(vars(lean[0]), vars(full[0]), rtol=1e-10, atol=1e-12)
     assert int(lean[1]) == int(full[1]) == 18

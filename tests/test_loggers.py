@@ -144,7 +144,9 @@ def test_further_loggers_get_what_tensorboard_and_metrics_json_get(tiny_world_ca
     monkeypatch.chdir(ROOT)
     run = tmp_path / "run"
     extra = ["--trainer.logger", json.dumps(loggers_config(tmp_path))]
-    run_lightning_cli(["fit", "--config", "configs/tiny/first.yaml", *SHORT, *extra, "--run_dir", str(run)])
+    run_lightning_cli(
+        ["fit", "--config", "configs/tiny/first.yaml", *SHORT, *extra, "--run_dir", str(run)]
+    )
     assert_each_logger_has_the_run(run, tmp_path)
 
 

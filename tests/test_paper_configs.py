@@ -35,10 +35,7 @@ def test_every_paper_config_measures_on_sets_a_chat_model_can_do(config, capsys,
     assert printed["model"]["class_path"].startswith("distill.") and printed["model"]["init_args"]["student"]
     callbacks = {c["class_path"].rsplit(".", 1)[-1]: c["init_args"] for c in printed["trainer"]["callbacks"]}
     assert MEASUREMENTS <= set(callbacks), f"{config.name} lacks {MEASUREMENTS - set(callbacks)}"
-    assert (
-        printed["trainer"]["precision"] == "bf16-mixed"
-        and printed["data"]["prompts"]["chat_template"] is True
-    )
+    assert printed["trainer"]["precision"] == "bf16-mixed" and printed["data"]["prompts"]["chat_template"] is True
     forgetting = callbacks["Forgetting"]
     # Retention from dataset specs (never the tiny world's addition/reversal strings), parsed here
     # without loading anything.

@@ -36,9 +36,7 @@ def _trainers(world):
         prompts={"tokenizer": student},
     )
     distill = DistillationModule(student=student, teacher=teacher, divergence=ForwardKL(), micro_batch_size=1)
-    grpo = GRPOModule(
-        student=student, micro_batch_size=1, objective={"num_iterations": 2}, text_log={"every": 0}
-    )
+    grpo = GRPOModule(student=student, micro_batch_size=1, objective={"num_iterations": 2}, text_log={"every": 0})
     return [
         ("distillation", distill, RolloutDataModule(mix=0.5, **data)),
         ("grpo", grpo, RolloutDataModule(group_size=2, **data)),  # two passes over one batch

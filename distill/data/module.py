@@ -215,18 +215,11 @@ class RolloutDataModule(L.LightningDataModule):
         ]
         # A malformed template fails now, before any model is loaded, and so does one that reads a
         # field some task's rows lack (a row of each task and split shows their fields).
-        PromptCollator(
-            None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
-        )
-        for owner, context in (
-            ("teacher_context", fmt.teacher_context),
-            ("student_context", fmt.student_context),
-        ):
-            parts = [
-                (self.task, "train"),
-                *((t, "val") for t in self.val_tasks),
-                *((t, "test") for t in self.test_tasks),
-            ]
+        PromptCollator(None, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context)
+        parts = [(self.task, "train"), *((t, "val") for t in self.val_tasks)]
+        parts += [(t, "test") for t in self.test_tasks]
+        contexts = (("teacher_context", fmt.teacher_context), ("student_context", fmt.student_context))
+        for owner, context in contexts:
             for t, part in parts if context is not None else ():
                 for row in _rows(t, 1, path_seed(part), part)[:1]:
                     render_context(context, row, f"data.prompts.{owner} (task {t.name})")
@@ -256,11 +249,7 @@ class RolloutDataModule(L.LightningDataModule):
             self.tokenizer = load_tokenizer(path) if path else self.trainer.lightning_module.tokenizer
         fmt, ev = self.prompts, self.evaluation
         self.collate = PromptCollator(
-            self.tokenizer,
-            fmt.chat_template,
-            fmt.chat_template_kwargs,
-            fmt.teacher_context,
-            fmt.student_context,
+            self.tokenizer, fmt.chat_template, fmt.chat_template_kwargs, fmt.teacher_context, fmt.student_context
         )
         # Never sample the padded embedding rows past the tokenizer: they are not tokens.
         self.sampler.use_tokenizer(self.tokenizer)

@@ -128,6 +128,5 @@ def eager_if_sharded(model: nn.Module) -> None:
     if is_sharded(model) and compiled_step(model) is not None:
         uncompile_decoding(model)
         warnings.warn(
-            "model.execution.compile_decoding: the student is sharded (FSDP2), so it decodes eagerly",
-            stacklevel=2,
+            "model.execution.compile_decoding: the student is sharded (FSDP2), so it decodes eagerly", stacklevel=2
         )

@@ -250,9 +250,7 @@ def test_a_teacher_context_the_probe_rows_cannot_fill_is_refused_before_the_mode
     from distill.data.module import PromptFormat
 
     def trainer_with(context):
-        datamodule = SimpleNamespace(
-            prompts=PromptFormat(teacher_context=context), hparams={"task": "tinysci"}
-        )
+        datamodule = SimpleNamespace(prompts=PromptFormat(teacher_context=context), hparams={"task": "tinysci"})
         return fake_trainer(datamodule=datamodule)
 
     module = fake_module(tiny_student, teacher=tiny_student)

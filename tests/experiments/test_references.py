@@ -72,8 +72,7 @@ def test_a_bad_references_value_names_the_field(tmp_path, value):
 
 def test_axes_that_change_how_runs_are_tested_need_references_off(tmp_path):
     with pytest.raises(
-        SpecError,
-        match=r"'references': axis 'data.evaluation.test_size' sets data.evaluation.test_size.*references: false",
+        SpecError, match=r"'references': axis 'data.evaluation.test_size' sets data.evaluation.test_size.*references: false"
     ):
         _spec(tmp_path, axes={"data.evaluation.test_size": [10, 20]})
     with pytest.raises(SpecError, match="axis 'data.test_size' sets data.evaluation.test_size"):  # old key
@@ -116,9 +115,7 @@ def test_the_teacher_reference_reads_the_teacher_only_context(tmp_path):
     assert by_kind["start"] == {}  # the start is the student: it reads its own prompt
     context = "prompts.teacher_context"
     assert model_option([tmp_path / "a.yaml"], {"data.prompts.teacher_context": "x"}, context, "data") == "x"
-    assert (
-        model_option([tmp_path / "a.yaml"], {"data.teacher_context": "y"}, context, "data") == "y"
-    )  # old key
+    assert model_option([tmp_path / "a.yaml"], {"data.teacher_context": "y"}, context, "data") == "y"  # old key
     (tmp_path / "old.yaml").write_text("data: {teacher_context: 'Piensa.'}\n")  # written before the move
     assert model_option([tmp_path / "old.yaml"], {}, context, "data") == "Piensa."
 

@@ -96,9 +96,7 @@ def test_a_distillation_step_with_compiled_forwards_gives_the_eager_loss_and_gra
 
     def module(compiled: bool):
         m = DistillationModule(
-            str(quick_world / "student"),
-            str(quick_world / "teacher"),
-            execution={"compile_forwards": compiled},
+            str(quick_world / "student"), str(quick_world / "teacher"), execution={"compile_forwards": compiled}
         )
         m.configure_model()
         return m

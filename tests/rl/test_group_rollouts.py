@@ -36,9 +36,7 @@ def test_group_size_repeats_each_prompt_on_consecutive_rows(rollouts, policy_dir
 def test_padded_vocabulary_rows_are_never_sampled(rollouts, policy_dir):
     # The random policy has 112 logit rows for 104 tokens: without the tokenizer's size the sampler
     # draws the 8 padding rows about 7 % of the time.
-    out = rollouts.batch(
-        rollouts.data(policy_dir, group_size=8, sampling={"max_new_tokens": 24}), _module(policy_dir)
-    )
+    out = rollouts.batch(rollouts.data(policy_dir, group_size=8, sampling={"max_new_tokens": 24}), _module(policy_dir))
     rollout = out["rollout"]
     generated = rollout.input_ids[rollout.completion_mask]
     assert generated.numel() > 100

@@ -93,8 +93,7 @@ def test_a_short_grpo_run_raises_countdown_reward(tmp_path):
         batch_size=4,
         group_size=8,
         train_size=train_size,
-        sampling={"max_new_tokens": 48},
-        evaluation={"val_size": 0},
+        sampling={"max_new_tokens": 48}, evaluation={"val_size": 0},
         seed=data_seed,
     )
     log = RewardLog()

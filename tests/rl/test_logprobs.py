@@ -98,9 +98,7 @@ def _move(model, seed: int, size: float) -> None:
 
 
 def _run(rollouts, policy_dir, batch, lean: bool):
-    module = GRPOModule(
-        student=policy_dir, objective={"kl_coef": 0.2}, execution={"lean_logits": lean}, micro_batch_size=5
-    )
+    module = GRPOModule(student=policy_dir, objective={"kl_coef": 0.2}, execution={"lean_logits": lean}, micro_batch_size=5)
     module.configure_model()
     module.student.double()
     module.reference.double()

@@ -18,10 +18,7 @@ def _module(policy_dir, **options) -> GRPOModule:
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        (
-            {"objective": {"num_iterations": 0}},
-            "model.objective.num_iterations must be an integer >= 1, got 0",
-        ),
+        ({"objective": {"num_iterations": 0}}, "model.objective.num_iterations must be an integer >= 1, got 0"),
         (
             {"objective": {"clip_epsilon": 1.0}},
             r"model.objective.clip_epsilon must be a finite number in \(0, 1\), got 1.0",
@@ -68,9 +65,7 @@ def test_no_reference_without_kl_or_logging(policy_dir):
 
 
 def _step(rollouts, module, policy_dir, group_size=4):
-    batch = rollouts.batch(
-        rollouts.data(policy_dir, group_size=group_size, sampling={"max_new_tokens": 10}), module
-    )
+    batch = rollouts.batch(rollouts.data(policy_dir, group_size=group_size, sampling={"max_new_tokens": 10}), module)
     step = module.prepare(batch)
     # A random policy never solves Countdown: set non-trivial advantages by hand (one group all zero).
     step.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 2.0, -2.0, 0.1, -0.1])
@@ -98,12 +93,7 @@ def test_off_policy_pass_matches_an_independent_computation(rollouts, policy_dir
     beta, low, high = 0.3, 0.1, 0.15
     module = _module(
         policy_dir,
-        objective={
-            "kl_coef": beta,
-            "kl_estimator": estimator,
-            "clip_epsilon": low,
-            "clip_epsilon_high": high,
-        },
+        objective={"kl_coef": beta, "kl_estimator": estimator, "clip_epsilon": low, "clip_epsilon_high": high},
     )
     step = _step(rollouts, module, policy_dir)
     module.accumulate_gradients(step, first=True)
@@ -150,10 +140,7 @@ def test_zero_advantages_and_no_penalty_give_no_gradient(rollouts, policy_dir):
     ("options", "match"),
     [
         ({"group_size": 1}, "data.group_size must be >= 2 for GRPO"),
-        (
-            {"group_size": 4, "sampling": {"temperature": 0.0}},
-            "data.sampling.temperature must be > 0 for GRPO",
-        ),
+        ({"group_size": 4, "sampling": {"temperature": 0.0}}, "data.sampling.temperature must be > 0 for GRPO"),
     ],
 )
 def test_a_batch_of_unusable_sampling_is_refused(rollouts, policy_dir, options, match):
@@ -208,6 +195,6 @@ def _kl_at_step_zero(policy_dir, **options) -> float:
 
 def test_kl_to_start_is_zero_at_step_zero_under_mixed_precision(policy_dir):
     """The reference follows the policy's dtype by default, so it is the starting policy bit for bit
-    ; a bf16 reference beside a float32 policy has a floor the test can see."""
+   ; a bf16 reference beside a float32 policy has a floor the test can see."""
     assert _kl_at_step_zero(policy_dir) == 0.0
     assert _kl_at_step_zero(policy_dir, reference_dtype="bfloat16") > 0.0

@@ -227,9 +227,7 @@ def test_the_module_options_compile_the_models_that_decode(tmp_path, monkeypatch
     from distill.rl import GRPOModule
 
     student, teacher = _save(tmp_path / "s", 1), _save(tmp_path / "t", 2)
-    off = DistillationModule(
-        student, teacher, execution={"compile_decoding": True}
-    )  # DISTILL_COMPILE=0 (conftest)
+    off = DistillationModule(student, teacher, execution={"compile_decoding": True})  # DISTILL_COMPILE=0 (conftest)
     off.load_models()
     assert compiled_step(off.student) is None and compiled_step(off.teacher) is None
     monkeypatch.delenv("DISTILL_COMPILE")
