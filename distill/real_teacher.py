@@ -176,24 +176,15 @@ def save_adapter(model, out: Path, name: str) -> None:
 
 
 def greedy_accuracy(model, tokenizer, task_name: str, rows: list[dict], max_new_tokens: int, batch: int = 16):
-    """Greedy accuracy on `rows` through the chat template, and the completions."""
+    """Greedy accuracy on `rows` through the chat template (the student's prompt as a fit renders
+    it, `PromptCollator.render`), and the completions."""
     from distill.data.prompts import PromptCollator
-    from distill.models.forward import eval_no_grad
+    from distill.models.evaluation import greedy_completions
 
     task = get_task(task_name)
     prompts = PromptCollator(tokenizer, chat_template=True)
-    texts: list[str] = []
-    with eval_no_grad(model):
-        for i in range(0, len(rows), batch):
-            enc = prompts.student(rows[i : i + batch])
-            out = model.generate(
-                **enc,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    rendered = [prompts.render(r["messages"]) for r in rows]
+    texts = greedy_completions(model, tokenizer, rendered, max_new_tokens, batch, add_special_tokens=False)
     scores = [task.score(t, r) for t, r in zip(texts, rows)]
     return sum(scores) / len(rows), texts
 

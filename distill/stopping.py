@@ -61,22 +61,27 @@ def grace_seconds() -> float:
     return value
 
 
-def launched_by() -> int | None:
-    """The pid of the process that launched this rank (Lightning's subprocess launcher: rank 0),
-    None for the first process of a launch or a rank another launcher (torchrun, srun) started."""
+def _launcher_pid() -> int | None:
+    """The pid distill's first process of this launch recorded, when this process is a rank it
+    launched (it has `LOCAL_RANK` and is not that process); None otherwise."""
     pid = os.environ.get(LAUNCHER_ENV)
     if pid is None or "LOCAL_RANK" not in os.environ or int(pid) == os.getpid():
         return None
-    return int(pid) if os.getppid() == int(pid) else None
+    return int(pid)
+
+
+def launched_by() -> int | None:
+    """The pid of the process that launched this rank (Lightning's subprocess launcher: rank 0),
+    None for the first process of a launch or a rank another launcher (torchrun, srun) started."""
+    pid = _launcher_pid()
+    return pid if pid is not None and os.getppid() == pid else None
 
 
 def launcher_gone() -> str | None:
     """For a rank Lightning launched whose launcher (rank 0) has ended: why this rank stops, in
     one line; None otherwise. Its collectives fail too then, and that error is a consequence."""
-    parent = os.environ.get(LAUNCHER_ENV)
-    if parent is None or "LOCAL_RANK" not in os.environ or int(parent) == os.getpid():
-        return None
-    return None if os.getppid() == int(parent) else f"the launching process {parent} (rank 0) has ended"
+    pid = _launcher_pid()
+    return None if pid is None or os.getppid() == pid else f"the launching process {pid} (rank 0) has ended"
 
 
 def begin_launch() -> None:
@@ -88,15 +93,15 @@ def begin_launch() -> None:
         os.environ.pop(run_status.ATTEMPT_ENV, None)
         run_status.attempt_id()  # fresh, for this launch
         return
-    parent = os.environ.get(LAUNCHER_ENV)
-    if parent is None or int(parent) == os.getpid() or not sys.platform.startswith("linux"):
+    if _launcher_pid() is None or not sys.platform.startswith("linux"):
         return
     import ctypes
 
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    if os.getppid() != int(parent):  # it died before the request was in place
-        print(f"distill: the launching process {parent} has ended; rank exits", file=sys.stderr)
+    gone = launcher_gone()  # it died before the request was in place
+    if gone is not None:
+        print(f"distill: {gone}; rank exits", file=sys.stderr)
         os._exit(128 + int(signal.SIGTERM))
 
 

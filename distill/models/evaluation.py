@@ -11,13 +11,24 @@ from distill.tasks import countdown, prior, tinysci
 
 
 def greedy_completions(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 250
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int = 250,
+    add_special_tokens: bool = True,
 ) -> list[str]:
-    """Greedy completions (special tokens dropped) for left-padded batches of prompts."""
+    """Greedy completions (special tokens dropped) for left-padded batches of prompts;
+    `add_special_tokens=False` for prompts a chat template rendered (they hold their own BOS)."""
     texts: list[str] = []
     with eval_no_grad(model):
         for i in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True).to(model.device)
+            enc = tokenizer(
+                prompts[i : i + batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=add_special_tokens,
+            ).to(model.device)
             out = model.generate(
                 **enc,
                 do_sample=False,

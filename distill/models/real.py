@@ -181,11 +181,10 @@ def resolve(path: str, field: str = "model") -> str:
                 f"{field}: {path} has no adapter at {weights.parent} (train it with "
                 f"python -m distill.real_teacher train {name} --work DIR, then copy DIR/adapter there)"
             )
-        for needed in ("peft",):
-            if importlib.util.find_spec(needed) is None:
-                raise ModuleNotFoundError(
-                    f"{field}: {path} needs the {needed!r} package ({install_hint(ADAPTERS[name].base)})"
-                )
+        if importlib.util.find_spec("peft") is None:
+            raise ModuleNotFoundError(
+                f"{field}: {path} needs the 'peft' package ({install_hint(ADAPTERS[name].base)})"
+            )
         build = lambda: merge(name, base, out)  # noqa: E731
     else:
         source = gguf_path(name, field)
