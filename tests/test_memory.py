@@ -157,7 +157,7 @@ TEACHER = Architecture("small-teacher", "llama", 2, 256, 4, 2, 512, VOCAB, False
 ROWS, PROMPT, NEW, MICRO = 8, 32, 64, 4
 # Decoding peaks in the prefill (here, for the first two) or at its last steps: the whole KV cache
 # beside the LM head's transient bf16 weight copy (the short prompt here; the paper's rollouts).
-# SmolLM2 decodes the first only (the three cost most of its 50 s; the small shapes cover them).
+# SmolLM2 decodes the first only: the small shapes cover the other two, which would double its time.
 ROLLOUTS = (
     ("rollout", PROMPT, NEW),
     ("rollout, long prompt", 3 * PROMPT, 8),
@@ -239,8 +239,8 @@ def _models(name: str, root: Path) -> tuple[Architecture, Architecture, str, str
 
 @pytest.fixture(scope="module", params=[*sorted(SMALL), pytest.param("smollm2", marks=pytest.mark.slow)])
 def measured(request, tmp_path_factory):
-    """Peak live tensor bytes of one rollout and one training step (the second: AdamW's moments
-    exist, gradients start from None), with and without GradientStats."""
+    """Peak live tensor bytes of one rollout and one training step (AdamW's moments exist, as
+    after a first step; gradients start from None), with and without GradientStats."""
     from distill.callbacks import GradientStats
     from distill.losses import ForwardKL
     from distill.module import DistillationModule
@@ -270,8 +270,12 @@ def measured(request, tmp_path_factory):
         out[name] = live.peak
 
     optimizer = torch.optim.AdamW(module.student.parameters(), lr=1e-4, foreach=True)
+    for p in module.student.parameters():  # AdamW's moments exist from here on, as after a step
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     rollout = _rollout_batch(NEW)
-    for stats in (False, False, True):  # the first step creates AdamW's moments
+    for stats in (False, True):
         module.logit_grad_sink = GradientStats() if stats else None
         if stats:
             module.logit_grad_sink.active = True
