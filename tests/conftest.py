@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,6 +19,59 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # compiling itself unset it (`monkeypatch.delenv`).
 os.environ["DISTILL_COMPILE"] = "0"
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+class Cores:
+    """Runs the suite's subprocesses (fits of one thread a rank) on the machine's cores: ahead of the
+    test that reads them (`ahead`), or now (`run`), never more processes at once than cores. A test
+    that runs its fits one after another leaves a core idle while the other works; tests that start
+    their independent fits here let two run side by side."""
+
+    def __init__(self, n: int):
+        self.n, self.free = n, n
+        self.changed = threading.Condition()
+        self.queue: deque = deque()
+        self.pool = ThreadPoolExecutor(n, thread_name_prefix="cores")
+
+    @contextmanager
+    def held(self, k: int = 1):
+        """Hold `k` cores (all of them at most) while the block runs. Served first come, first
+        served: a job that needs both cores is not passed over forever by one-core jobs."""
+        k = min(k, self.n)
+        ticket = object()
+        with self.changed:
+            self.queue.append(ticket)
+            self.changed.wait_for(lambda: self.queue[0] is ticket and self.free >= k)
+            self.queue.popleft()
+            self.free -= k
+            self.changed.notify_all()
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.free += k
+                self.changed.notify_all()
+
+    def run(self, command: list[str], cores: int = 1, **kwargs) -> subprocess.CompletedProcess:
+        """`subprocess.run(command, **kwargs)` (output captured as text) once `cores` are free; the
+        result's `seconds` is its wall time."""
+        with self.held(cores):
+            start = time.monotonic()
+            done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+        done.seconds = time.monotonic() - start
+        return done
+
+    def ahead(self, command: list[str], cores: int = 1, **kwargs) -> Future:
+        """`run` in the background: its `Future`. Never wait for one while holding cores."""
+        return self.pool.submit(self.run, command, cores, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def cores():
+    """The session's `Cores` (one per CPU core)."""
+    pool = Cores(os.cpu_count() or 1)
+    yield pool
+    pool.pool.shutdown(wait=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -200,7 +199,9 @@ TIMING = ("cost/wall_s", "cost/time/")  # wall-clock figures differ between any 
 
 
 @pytest.mark.slow
-def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(quick_world, tmp_path, monkeypatch):
+def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(
+    quick_world, cores, tmp_path, monkeypatch
+):
     """Killed after step 5 and resumed from step 3's checkpoint, each logger holds what it holds
     after an uninterrupted run: every figure at the same steps (none twice), the same values
     (wall-clock figures aside), in the same MLflow run and CSV version as before the kill."""
@@ -212,38 +213,33 @@ def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(quick_wor
         "OMP_NUM_THREADS": "1",
     }
 
-    def fit(where: Path, *extra: str, **armed: str) -> subprocess.CompletedProcess:
+    def fit(where: Path, **armed: str):
+        """The short fit into `where`, started beside the other (`Cores.ahead`)."""
         where.mkdir()
         command = [sys.executable, "-m", "distill.cli", "fit", "--config", str(short_config(where))]
-        return subprocess.run(
-            [*command, "--run_dir", str(where / "run"), *extra],
-            cwd=ROOT,
-            env={**env, **armed},
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        command += ["--run_dir", str(where / "run")]
+        return cores.ahead(command, cwd=ROOT, env={**env, **armed}, timeout=900)
 
-    done = fit(tmp_path / "reference")
+    uninterrupted = fit(tmp_path / "reference")
+    where, run = tmp_path / "killed", tmp_path / "killed" / "run"
+    stopped = fit(where, DISTILL_TEST_KILL_AT_STEP="5")
+    done = uninterrupted.result()
     assert done.returncode == 0, done.stderr[-2000:]
     reference_id = assert_each_logger_has_the_run(tmp_path / "reference" / "run", tmp_path / "reference")
     reference = csv_curves(tmp_path / "reference")
 
-    where, run = tmp_path / "killed", tmp_path / "killed" / "run"
-    killed = fit(where, DISTILL_TEST_KILL_AT_STEP="5")
+    killed = stopped.result()
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_id = json.loads((run / "loggers.json").read_text())[1]["version"]
     sent = csv_curves(where)
     assert max(s for s, _ in sent["train/loss"]) == 2  # Lightning logs step 3's figures at step 2
     assert mlflow_curves(where, run_id)["train/loss"] == sent["train/loss"]
 
-    resumed = subprocess.run(
+    resumed = cores.run(
         [sys.executable, "-m", "distill.cli", "fit", "--config", str(where / "short.yaml")]
         + ["--run_dir", str(run), "--ckpt_path", "last"],
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]

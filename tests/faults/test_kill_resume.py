@@ -92,25 +92,25 @@ def env(shared_env) -> dict:
     return dict(shared_env)
 
 
-def fit(run_dir: Path, env: dict, *extra: str, **armed: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distill.cli",
-            "fit",
-            "--config",
-            env["SHORT"],
-            "--run_dir",
-            str(run_dir),
-            *extra,
-        ],
-        cwd=ROOT,
-        env={**env, **armed},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def command(run_dir: Path, env: dict, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "distill.cli",
+        "fit",
+        "--config",
+        env["SHORT"],
+        "--run_dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
+def fit(
+    cores, run_dir: Path, env: dict, *extra: str, ranks: int = 1, **armed: str
+) -> subprocess.CompletedProcess:
+    """A `distill fit` of the short config, run now (on `ranks` of the session's cores)."""
+    return cores.run(command(run_dir, env, *extra), ranks, cwd=ROOT, env={**env, **armed}, timeout=600)
 
 
 @pytest.fixture
@@ -139,19 +139,146 @@ def untimed(run_dir: Path) -> dict:
     return {k: v for k, v in data["metrics"].items() if not k.startswith(TIMING)}
 
 
+# Two `gloo` ranks with the student sharded by FSDP2 (`distill.parallel`), 3 prompts each: the
+# reference's global batch of 6.
+TWO_FSDP_RANKS = [
+    "--trainer.devices=2",
+    "--trainer.strategy=ModelParallelStrategy",
+    "--trainer.strategy.data_parallel_size=2",
+    "--trainer.strategy.tensor_parallel_size=1",
+    "--trainer.strategy.save_distributed_checkpoint=false",
+    "--data.batch_size=3",
+]
+DIVERGING = ["--data.refresh_every", "1", "--model.init_args.max_nonfinite_steps", "2"]
+
+# The first fit of each test (the one its assertions, or its resume, start from): (arguments,
+# environment, ranks). They run ahead, two cores' worth at a time, while the tests resume theirs.
+FIRST = {
+    "reference": ([], {}, 1),
+    "killed_at_5": ([], {"DISTILL_TEST_KILL_AT_STEP": "5"}, 1),
+    "sigterm_at_5": ([], {"DISTILL_TEST_SIGNAL_AT_STEP": "5"}, 1),
+    "killed_at_9": ([], {"DISTILL_TEST_KILL_AT_STEP": "9"}, 1),
+    "killed_in_test": ([], {"DISTILL_TEST_KILL_IN": "test"}, 1),
+    "fsdp_killed_at_5": (TWO_FSDP_RANKS, {"DISTILL_TEST_KILL_AT_STEP": "5"}, 2),
+    # Rank 1 gets SIGTERM in the validation after step 6 and stays busy 5 s.
+    "busy_in_validation": (
+        TWO_FSDP_RANKS,
+        {
+            "DISTILL_TEST_SIGNAL_AT_STEP": "6",
+            "DISTILL_TEST_SIGNAL_IN": "validation",
+            "DISTILL_TEST_SIGNAL_RANK": "1",
+            "DISTILL_TEST_STALL_S": "5",
+        },
+        2,
+    ),
+    # Rank 1 gets SIGTERM after step 3 and stays busy 120 s, with a 3 s grace.
+    "watchdog": (
+        ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=3"],
+        {
+            "DISTILL_STOP_GRACE_S": "3",
+            "DISTILL_TEST_SIGNAL_AT_STEP": "3",
+            "DISTILL_TEST_SIGNAL_RANK": "1",
+            "DISTILL_TEST_STALL_S": "120",
+        },
+        2,
+    ),
+    "killed_at_3": ([], {"DISTILL_TEST_KILL_AT_STEP": "3"}, 1),
+    # Poisoned after step 5: the checkpoint of step 4 is clean, and no validation (which samples
+    # from the student too, and would end the run there) comes before the guard's second skip.
+    # On-policy, the next rollouts are sampled from a NaN student; on teacher-written rollouts the
+    # loss is NaN, and two skipped steps in a row stop the run.
+    **{
+        f"nan_mix{mix}": (
+            ["--data.mix", str(mix), *DIVERGING, "--trainer.val_check_interval", "10"],
+            {"DISTILL_TEST_POISON_AT_STEP": "5"},
+            1,
+        )
+        for mix in (0, 1)
+    },
+    # The sweep's fit, killed after step 5 (the sweep's own command: `sweep_command`).
+    "killed_sweep": ([], {"DISTILL_TEST_KILL_AT_STEP": "5"}, 1),
+    # A vanishing divergence temperature makes every gradient norm infinite.
+    "infinite_gradients": (
+        [
+            "--model.init_args.divergence.init_args.temperature",
+            "1e-30",
+            "--model.init_args.max_nonfinite_steps",
+            "3",
+            "--checkpoint_every_n_steps",
+            "1",
+        ],
+        {},
+        1,
+    ),
+}
+# The first fits each test reads, in the file's order (the order they are started in).
+NEEDS = {
+    "test_killed_mid_training_resumes_to_the_uninterrupted_metrics": ["reference", "killed_at_5"],
+    "test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly": [
+        "reference",
+        "sigterm_at_5",
+    ],
+    "test_killed_right_after_an_epoch_ends_resumes_into_the_next": ["reference", "killed_at_9"],
+    "test_killed_while_testing_resumes_with_its_training_figures": ["reference", "killed_in_test"],
+    "test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports": ["reference", "fsdp_killed_at_5"],
+    "test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step": ["busy_in_validation"],
+    "test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog": ["watchdog"],
+    "test_moved_run_directory_resumes": ["reference", "killed_at_3"],
+    "test_resume_with_a_recorded_config_change": ["killed_at_3"],
+    "test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint[mix0]": ["nan_mix0"],
+    "test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint[mix1]": ["nan_mix1"],
+    "test_infinite_gradients_are_skipped_then_stop_the_run": ["infinite_gradients"],
+    "test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep": ["reference", "killed_sweep"],
+}
+
+
+def sweep_command(where: Path, env: dict) -> list[str]:
+    """`distill sweep` of the short config alone, out to `where`/sweep (its spec written there)."""
+    spec = where / "spec.yaml"
+    fields = {"name": "faults", "out": str(where / "sweep"), "base": env["SHORT"], "references": False}
+    spec.write_text(yaml.safe_dump({**fields, "axes": {"seed": [0]}}))
+    return [sys.executable, "-m", "distill.cli", "sweep", str(spec)]
+
+
 @pytest.fixture(scope="module")
-def reference(shared_env, tmp_path_factory) -> dict:
+def started(request, shared_env, cores, tmp_path_factory) -> dict:
+    """{name: (run directory, Future of its CompletedProcess)}: the FIRST fits the selected tests
+    read, all started at once (`Cores.ahead`)."""
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    jobs = {}
+    for test, names in NEEDS.items():
+        for name in names if test in selected else ():
+            if name not in jobs:
+                extra, armed, ranks = FIRST[name]
+                where = tmp_path_factory.mktemp(name)
+                run = where if name == "killed_sweep" else where / "run"
+                line = (
+                    sweep_command(where, shared_env)
+                    if name == "killed_sweep"
+                    else command(run, shared_env, *extra)
+                )
+                env = {**shared_env, **armed}
+                jobs[name] = (run, cores.ahead(line, ranks, cwd=ROOT, env=env, timeout=600))
+    return jobs
+
+
+def first(started: dict, name: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """A FIRST fit's run directory and process, once it has ended."""
+    run, job = started[name]
+    return run, job.result()
+
+
+@pytest.fixture(scope="module")
+def reference(started) -> dict:
     """The uninterrupted run's figures, fitted once for every test that compares against it."""
-    run = tmp_path_factory.mktemp("reference") / "run"
-    done = fit(run, shared_env)
+    run, done = first(started, "reference")
     assert done.returncode == 0, done.stderr[-2000:]
     return untimed(run)
 
 
 @pytest.mark.slow
-def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env, reference, refusal):
-    run = tmp_path / "run"
-    killed = fit(run, env, DISTILL_TEST_KILL_AT_STEP="5")
+def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(cores, started, env, reference, refusal):
+    run, killed = first(started, "killed_at_5")
     assert killed.returncode == -signal.SIGKILL
     assert not (run / "metrics.json").exists()
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
@@ -161,7 +288,7 @@ def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(tmp_path, env,
     assert state["position"] == {"epoch": 0, "batches": 4} and state["reuse"]["step"] == 3
 
     assert "--ckpt_path last" in refusal(run).strip().splitlines()[-1]
-    resumed = fit(run, env, "--ckpt_path", "last")
+    resumed = fit(cores, run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(run) == reference
     assert "not resumable" not in resumed.stderr  # Lightning's warning, wrong here, is filtered
@@ -184,13 +311,12 @@ def status(run: Path) -> dict:
 
 @pytest.mark.slow
 def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly(
-    tmp_path, env, reference
+    cores, started, env, reference
 ):
     """SIGTERM after step 5 (checkpoints every 2 steps): the fit writes step 5's checkpoint, an
     `interrupted` status record that says so, and exits 143; `--ckpt_path last` ends with every
     figure of the uninterrupted run."""
-    run = tmp_path / "run"
-    stopped = fit(run, env, DISTILL_TEST_SIGNAL_AT_STEP="5")
+    run, stopped = first(started, "sigterm_at_5")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     record = status(run)
     assert (record["state"], record["rank"], record["step"]) == ("interrupted", 0, 5)
@@ -202,63 +328,50 @@ def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exa
     )
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 5 and not (run / "metrics.json").exists()
-    resumed = fit(run, env, "--ckpt_path", "last")
+    resumed = fit(cores, run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(run) == reference
     assert status(run)["state"] == "finished"
 
 
 @pytest.mark.slow
-def test_killed_right_after_an_epoch_ends_resumes_into_the_next(tmp_path, env, reference):
+def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, started, env, reference):
     """The checkpoint of step 8 closes epoch 0 (8 batches): the resumed run must start epoch 1 at
     its first batch, not replay or skip it."""
-    run = tmp_path / "run"
-    assert fit(run, env, DISTILL_TEST_KILL_AT_STEP="9").returncode == -signal.SIGKILL
+    run, killed = first(started, "killed_at_9")
+    assert killed.returncode == -signal.SIGKILL
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 8 and ckpt["RolloutDataModule"]["position"] == {"epoch": 0, "batches": 8}
-    resumed = fit(run, env, "--ckpt_path", "last")
+    resumed = fit(cores, run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert untimed(run) == reference
 
 
 @pytest.mark.slow
-def test_killed_while_testing_resumes_with_its_training_figures(tmp_path, env, reference):
-    run = tmp_path / "run"
-    killed = fit(run, env, DISTILL_TEST_KILL_IN="test")
+def test_killed_while_testing_resumes_with_its_training_figures(cores, started, env, reference):
+    run, killed = first(started, "killed_in_test")
     assert killed.returncode == -signal.SIGKILL and not (run / "metrics.json").exists()
-    resumed = fit(run, env, "--ckpt_path", "last")
+    resumed = fit(cores, run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     metrics = untimed(run)
     assert metrics == reference
     assert metrics["cost/flops"] > 0 and "val/countdown3/accuracy" in metrics and "train/loss" in metrics
 
 
-# Two `gloo` ranks with the student sharded by FSDP2 (`distill.parallel`), 3 prompts each: the
-# reference's global batch of 6.
-TWO_FSDP_RANKS = [
-    "--trainer.devices=2",
-    "--trainer.strategy=ModelParallelStrategy",
-    "--trainer.strategy.data_parallel_size=2",
-    "--trainer.strategy.tensor_parallel_size=1",
-    "--trainer.strategy.save_distributed_checkpoint=false",
-    "--data.batch_size=3",
-]
-
-
 @pytest.mark.slow
-def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(tmp_path, env, reference):
+def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, started, env, reference):
     """2 FSDP2 ranks, killed after step 5 and resumed from step 4's checkpoint (each rank's reused
     rollout batch restored: `reuse_by_rank`), report every figure of the uninterrupted single
     process to float32 summation order (ranks sum tokens in another order: measured 2e-7
     relative at most; a rank's reused batch restored from the wrong rank gave 4e-3, rank-local
     token counts a factor 2). The exported student is the whole, gathered model."""
-    run = tmp_path / "run"
-    assert fit(run, env, *TWO_FSDP_RANKS, DISTILL_TEST_KILL_AT_STEP="5").returncode == -signal.SIGKILL
+    run, killed = first(started, "fsdp_killed_at_5")
+    assert killed.returncode == -signal.SIGKILL
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     by_rank = ckpt["RolloutDataModule"]["reuse_by_rank"]
     assert ckpt["global_step"] == 4 and [r["step"] for r in by_rank] == [3, 3]
     assert by_rank[0]["rows"] != by_rank[1]["rows"]  # each rank's own prompts
-    resumed = fit(run, env, *TWO_FSDP_RANKS, "--ckpt_path", "last")
+    resumed = fit(cores, run, env, *TWO_FSDP_RANKS, "--ckpt_path", "last", ranks=2)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     metrics = untimed(run)
     assert metrics.keys() == reference.keys()
@@ -275,19 +388,12 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(tmp_path,
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(tmp_path, env):
+def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(started):
     """Two FSDP ranks; rank 1 gets SIGTERM in the validation after step 6 and stays busy 5 s (a
     compile), while rank 0 runs on into the evaluation's all-reduce. Nothing deadlocks (Lightning's
     own handler, which broadcasts from inside the handler, did): both ranks finish the evaluation
     and step 7, agree there, write step 7's checkpoint and exit."""
-    run = tmp_path / "run"
-    armed = dict(
-        DISTILL_TEST_SIGNAL_AT_STEP="6",
-        DISTILL_TEST_SIGNAL_IN="validation",
-        DISTILL_TEST_SIGNAL_RANK="1",
-        DISTILL_TEST_STALL_S="5",
-    )
-    stopped = fit(run, env, *TWO_FSDP_RANKS, **armed)
+    run, stopped = first(started, "busy_in_validation")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "distill: rank 1 received SIGTERM; stopping at the end of this step" in stopped.stderr
     record = status(run)
@@ -298,22 +404,11 @@ def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(
 
 
 @pytest.mark.slow
-def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(tmp_path, env):
+def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(started):
     """Rank 1 gets SIGTERM after step 3 and stays busy 120 s; with a 3 s grace every process is
     gone within seconds, and the record names the checkpoint a resume starts from (step 2's)."""
-    run = tmp_path / "run"
-    start = time.monotonic()
-    stopped = fit(
-        run,
-        {**env, "DISTILL_STOP_GRACE_S": "3"},
-        "--trainer.devices=2",
-        "--trainer.strategy=ddp",
-        "--data.batch_size=3",
-        DISTILL_TEST_SIGNAL_AT_STEP="3",
-        DISTILL_TEST_SIGNAL_RANK="1",
-        DISTILL_TEST_STALL_S="120",
-    )
-    assert time.monotonic() - start < 100  # the stall alone would be 120 s (start-up included)
+    run, stopped = first(started, "watchdog")
+    assert stopped.seconds < 100  # the stall alone would be 120 s (start-up included)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     record = status(run)
     assert record["state"] == "interrupted"
@@ -322,22 +417,22 @@ def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(tmp_path
 
 
 @pytest.fixture(scope="module")
-def killed_at_3(shared_env, tmp_path_factory) -> Path:
+def killed_at_3(started) -> Path:
     """A run killed after step 3, fitted once; each test that resumes it resumes its own copy."""
-    run = tmp_path_factory.mktemp("killed_at_3") / "run"
-    assert fit(run, shared_env, DISTILL_TEST_KILL_AT_STEP="3").returncode == -signal.SIGKILL
+    run, killed = first(started, "killed_at_3")
+    assert killed.returncode == -signal.SIGKILL
     return run
 
 
 @pytest.mark.slow
-def test_moved_run_directory_resumes(tmp_path, env, reference, killed_at_3):
+def test_moved_run_directory_resumes(cores, tmp_path, env, reference, killed_at_3):
     moved = tmp_path / "elsewhere" / "run"
     shutil.copytree(killed_at_3, moved)
     # Moved: nothing is left where the run was written, so a path recorded there cannot be read.
     away = killed_at_3.with_name("away")
     killed_at_3.rename(away)
     try:
-        resumed = fit(moved, env, "--ckpt_path", "last")
+        resumed = fit(cores, moved, env, "--ckpt_path", "last")
     finally:
         wrote_to_old_path = killed_at_3.exists()
         if wrote_to_old_path:  # cleared, so that the shared run is restored for the next test
@@ -349,7 +444,7 @@ def test_moved_run_directory_resumes(tmp_path, env, reference, killed_at_3):
 
 
 @pytest.mark.slow
-def test_resume_with_a_recorded_config_change(tmp_path, env, refusal, killed_at_3):
+def test_resume_with_a_recorded_config_change(cores, tmp_path, env, refusal, killed_at_3):
     run = tmp_path / "run"
     shutil.copytree(killed_at_3, run)
     lr = ["--model.init_args.optimizer.init_args.lr", "0.01"]
@@ -359,7 +454,7 @@ def test_resume_with_a_recorded_config_change(tmp_path, env, refusal, killed_at_
     assert f"model.init_args.optimizer.init_args.lr: {base_lr} -> 0.01" in refusal(
         run, "--ckpt_path", "last", *lr
     )
-    resumed = fit(run, env, "--ckpt_path", "last", *lr, "--allow_config_change", "true")
+    resumed = fit(cores, run, env, "--ckpt_path", "last", *lr, "--allow_config_change", "true")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     changes = json.loads((run / "config_changes.json").read_text())
     assert changes[-1]["changes"] == {
@@ -399,7 +494,9 @@ def test_a_run_dir_that_is_a_file_or_cannot_be_written_is_one_line(tmp_path, ref
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(tmp_path, env, monkeypatch, capsys):
+def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(
+    cores, tmp_path, env, monkeypatch, capsys
+):
     """The checkpoint of step 4 cannot be written (ENOSPC): one line that says so and where the run
     stands; step 2's checkpoint is whole, and the run resumes from it."""
     from distill.lightning_cli import run_lightning_cli
@@ -417,7 +514,7 @@ def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(tmp_pa
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", full_after_step_2)
     run = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
+    with cores.held(2), pytest.raises(SystemExit) as exit_info:  # this process's two threads
         run_lightning_cli(
             ["fit", "--config", env["SHORT"], "--run_dir", str(run), "--trainer.max_steps", "5"]
         )
@@ -442,34 +539,15 @@ def strict_json(path: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "extra, reason",
+    "mix, reason",
     [
-        # On-policy: the next rollouts are sampled from a NaN student.
-        (["--data.mix", "0"], "next-token probabilities are not finite"),
-        # Teacher-written rollouts: the loss is NaN; two skipped steps in a row stop the run.
-        (
-            ["--data.mix", "1"],
-            "2 steps in a row had a non-finite loss or gradient norm after optimiser step 5",
-        ),
+        (0, "next-token probabilities are not finite"),
+        (1, "2 steps in a row had a non-finite loss or gradient norm after optimiser step 5"),
     ],
     ids=["mix0", "mix1"],
 )
-def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(extra, reason, tmp_path, env):
-    run = tmp_path / "run"
-    # Poisoned after step 5: the checkpoint of step 4 is clean, and no validation (which samples
-    # from the student too, and would end the run there) comes before the guard's second skip.
-    done = fit(
-        run,
-        env,
-        *extra,
-        "--data.refresh_every",
-        "1",
-        "--model.init_args.max_nonfinite_steps",
-        "2",
-        "--trainer.val_check_interval",
-        "10",
-        DISTILL_TEST_POISON_AT_STEP="5",
-    )
+def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, started):
+    run, done = first(started, f"nan_mix{mix}")
     assert done.returncode == 3, done.stderr[-2000:]
     assert (
         done.stderr.strip().splitlines()[-1]
@@ -489,20 +567,10 @@ def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(extra, reason,
 
 
 @pytest.mark.slow
-def test_infinite_gradients_are_skipped_then_stop_the_run(tmp_path, env):
+def test_infinite_gradients_are_skipped_then_stop_the_run(started):
     """A vanishing divergence temperature makes every gradient norm infinite: no update is taken
     (the weights stay those of the start) and the run stops after `max_nonfinite_steps`."""
-    run = tmp_path / "run"
-    done = fit(
-        run,
-        env,
-        "--model.init_args.divergence.init_args.temperature",
-        "1e-30",
-        "--model.init_args.max_nonfinite_steps",
-        "3",
-        "--checkpoint_every_n_steps",
-        "1",
-    )
+    run, done = first(started, "infinite_gradients")
     assert done.returncode == 3, done.stderr[-2000:]
     record = strict_json(run / "metrics.json")
     assert record["status"] == "diverged"
@@ -513,29 +581,10 @@ def test_infinite_gradients_are_skipped_then_stop_the_run(tmp_path, env):
 
 
 @pytest.mark.slow
-def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(tmp_path, env, reference):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "faults",
-                "out": str(tmp_path / "sweep"),
-                "base": env["SHORT"],
-                "references": False,
-                "axes": {"seed": [0]},
-            }
-        )
-    )
-    sweep = [sys.executable, "-m", "distill.cli", "sweep", str(spec)]
-    first = subprocess.run(
-        sweep,
-        cwd=ROOT,
-        env={**env, "DISTILL_TEST_KILL_AT_STEP": "5"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert first.returncode == 1 and "FAILED" in first.stdout + first.stderr
+def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(cores, started, env, reference):
+    tmp_path, killed = first(started, "killed_sweep")
+    sweep = sweep_command(tmp_path, env)
+    assert killed.returncode == 1 and "FAILED" in killed.stdout + killed.stderr
     (run,) = [p for p in (tmp_path / "sweep").iterdir() if (p / "settings.json").exists()]
     assert (run / "checkpoints" / "last.ckpt").is_file() and not (run / "metrics.json").exists()
 
@@ -563,6 +612,6 @@ def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(tmp_path, env, re
         holder.send_signal(signal.SIGTERM)  # the sweep stops its fit and exits
         holder.wait(timeout=120)
 
-    resumed = subprocess.run(sweep, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = cores.run(sweep, cwd=ROOT, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert untimed(run) == reference

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -60,91 +59,12 @@ def environment(**extra: str) -> dict:
     }
 
 
-def distill(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "distill.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def distill(*args: str) -> list[str]:
+    return [sys.executable, "-m", "distill.cli", *args]
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory) -> tuple[Path, Path, list[subprocess.CompletedProcess]]:
-    """(the sweep's output, the short config, [first invocation, rerun, report], the sweep's status
-    after the first invocation). Two fits at a time, one thread each: the machine's two cores."""
-    where = tmp_path_factory.mktemp("real")
-    config = short_config(where)
-    spec = where / "real.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "real_pair",
-                "base": str(config),
-                "out": str(where / "runs"),
-                "references": False,
-                "axes": {"trainer.precision": ["32-true", "bf16-mixed"], "mix": [0, 1]},
-            }
-        )
-    )
-    armed = environment(DISTILL_TEST_SIGNAL_AT_STEP="1", DISTILL_TEST_SIGNAL_RUN=STOPPED)
-    first = distill("sweep", str(spec), "--jobs", "2", env=armed)
-    status = json.loads((where / "runs" / "status.json").read_text())
-    rerun = distill("sweep", str(spec), env=environment())
-    report = distill("report", str(where / "runs"), env=environment())
-    return where / "runs", config, [first, rerun, report], status
-
-
-def test_a_sweep_of_the_real_pair_stops_resumes_and_reports(swept):
-    out, _, (first, rerun, report), status = swept
-    stopped = out / STOPPED
-    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
-    said = (
-        "interrupted at step 1: SIGTERM: stopped at the end of step 1 on every rank; resumes from "
-        "checkpoints/last.ckpt (step 1)"
-    )
-    assert f"FAILED {STOPPED} (exit code 143; {said})" in first.stdout
-    assert status["ended_by_state"] == {"finished": 3, "interrupted": 1}
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert "1 finished now, 3 skipped (finished before), 0 failed" in rerun.stdout
-    assert json.loads((stopped / "status.json").read_text())["state"] == "finished"
-    assert "--ckpt_path" in (stopped / "fit.log").read_text()  # resumed, not restarted
-    assert report.returncode == 0, report.stderr[-3000:]
-    assert "4 finished runs of 4" in (out / "report" / "report.md").read_text()
-
-
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-@pytest.mark.parametrize("mix", [0, 1])
-def test_every_run_measures_everything_through_the_chat_template(swept, precision, mix):
-    out, *_ = swept
-    run = out / f"mix={mix},trainer.precision={precision}"
-    record = json.loads((run / "metrics.json").read_text())
-    assert record["status"] == "finished"
-    m = record["metrics"]
-    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["precision"] == precision
-    assert m["train/teacher_share"] == mix  # who wrote the rollouts: the knob, exactly
-    assert m["train/reverse_kl"] > 0 and m["train/teacher_entropy"] > 0
-    assert {"test/countdown3/accuracy", "val/countdown3/pass@2", "val/countdown3/reverse_kl"} <= set(m)
-    assert m["forgetting/passages/score"] > 0 and "forgetting/passages/delta" in m  # NLL of real text
-    assert 0 < m["sparsity/overall"] < 1 and m["sparsity/relative_update_norm"] > 0
-    assert m["grad/param_norm"] > 0 and "style/teacher_style_share" in m
-    assert m["cost/flops"] > 0
-    models = json.loads((run / "env.json").read_text())["models"]
-    assert models["teacher"]["real"]["name"] == "real:smollm2-countdown"
-    assert models["student"]["real"]["name"] == "real:smollm2"
-    assert models["student"]["path"] == real.resolve("real:smollm2")
-    exported = load_tokenizer(str(run / "student"))  # the chat template travels with the student
-    assert exported.chat_template == load_tokenizer("real:smollm2").chat_template
-
-
-def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
-    """A GRPO stage from the exported student of a distillation run, through the chat template."""
-    from distill.lightning_cli import run_lightning_cli
-
-    out, *_ = swept
-    student = out / "mix=0,trainer.precision=bf16-mixed" / "student"
+def grpo_config(student: Path, where: Path) -> Path:
+    """A two-step GRPO stage from `student` through the chat template, with the cost meter."""
     config = {
         "seed_everything": 0,
         "trainer": {
@@ -177,32 +97,105 @@ def test_grpo_from_a_distilled_real_student(swept, tmp_path, monkeypatch):
             "evaluation": {"val_size": 2, "test_size": 2, "batch_size": 2, "max_new_tokens": 4},
         },
     }
-    path = tmp_path / "grpo.yaml"
+    path = where / "grpo.yaml"
     path.write_text(yaml.safe_dump(config))
-    monkeypatch.chdir(ROOT)
-    run = tmp_path / "run"
-    metrics = run_lightning_cli(["fit", "--config", str(path), "--run_dir", str(run)])
-    assert json.loads((run / "metrics.json").read_text())["status"] == "finished"
+    return path
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, cores) -> dict:
+    """{"out": the sweep's output, "config": the short config, "first", "rerun", "report": those
+    processes, "status": the sweep's status after the first invocation, "grpo": the GRPO stage's
+    process}. Two fits at a time, one thread each (the machine's two cores); the rerun and the GRPO
+    stage run side by side."""
+    where = tmp_path_factory.mktemp("real")
+    config = short_config(where)
+    spec = where / "real.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "real_pair",
+                "base": str(config),
+                "out": str(where / "runs"),
+                "references": False,
+                "axes": {"trainer.precision": ["32-true", "bf16-mixed"], "mix": [0, 1]},
+            }
+        )
+    )
+    armed = environment(DISTILL_TEST_SIGNAL_AT_STEP="1", DISTILL_TEST_SIGNAL_RUN=STOPPED)
+    run = dict(cwd=ROOT, timeout=900)
+    first = cores.run(distill("sweep", str(spec), "--jobs", "2"), 2, env=armed, **run)
+    status = json.loads((where / "runs" / "status.json").read_text())
+    rerun = cores.ahead(distill("sweep", str(spec)), env=environment(), **run)
+    student = where / "runs" / "mix=0,trainer.precision=bf16-mixed" / "student"
+    grpo = distill("fit", "--config", str(grpo_config(student, where)), "--run_dir", str(where / "grpo"))
+    grpo = cores.ahead(grpo, env=environment(), **run)
+    rerun = rerun.result()
+    report = cores.run(distill("report", str(where / "runs")), env=environment(), **run)
+    out = {"out": where / "runs", "config": config, "status": status, "grpo": grpo.result()}
+    return {**out, "first": first, "rerun": rerun, "report": report}
+
+
+def test_a_sweep_of_the_real_pair_stops_resumes_and_reports(swept):
+    out, first, rerun, report, status = (swept[k] for k in ("out", "first", "rerun", "report", "status"))
+    stopped = out / STOPPED
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    said = (
+        "interrupted at step 1: SIGTERM: stopped at the end of step 1 on every rank; resumes from "
+        "checkpoints/last.ckpt (step 1)"
+    )
+    assert f"FAILED {STOPPED} (exit code 143; {said})" in first.stdout
+    assert status["ended_by_state"] == {"finished": 3, "interrupted": 1}
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "1 finished now, 3 skipped (finished before), 0 failed" in rerun.stdout
+    assert json.loads((stopped / "status.json").read_text())["state"] == "finished"
+    assert "--ckpt_path" in (stopped / "fit.log").read_text()  # resumed, not restarted
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "4 finished runs of 4" in (out / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("mix", [0, 1])
+def test_every_run_measures_everything_through_the_chat_template(swept, precision, mix):
+    run = swept["out"] / f"mix={mix},trainer.precision={precision}"
+    record = json.loads((run / "metrics.json").read_text())
+    assert record["status"] == "finished"
+    m = record["metrics"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["precision"] == precision
+    assert m["train/teacher_share"] == mix  # who wrote the rollouts: the knob, exactly
+    assert m["train/reverse_kl"] > 0 and m["train/teacher_entropy"] > 0
+    assert {"test/countdown3/accuracy", "val/countdown3/pass@2", "val/countdown3/reverse_kl"} <= set(m)
+    assert m["forgetting/passages/score"] > 0 and "forgetting/passages/delta" in m  # NLL of real text
+    assert 0 < m["sparsity/overall"] < 1 and m["sparsity/relative_update_norm"] > 0
+    assert m["grad/param_norm"] > 0 and "style/teacher_style_share" in m
+    assert m["cost/flops"] > 0
+    models = json.loads((run / "env.json").read_text())["models"]
+    assert models["teacher"]["real"]["name"] == "real:smollm2-countdown"
+    assert models["student"]["real"]["name"] == "real:smollm2"
+    assert models["student"]["path"] == real.resolve("real:smollm2")
+    exported = load_tokenizer(str(run / "student"))  # the chat template travels with the student
+    assert exported.chat_template == load_tokenizer("real:smollm2").chat_template
+
+
+def test_grpo_from_a_distilled_real_student(swept):
+    """A GRPO stage from the exported student of a distillation run, through the chat template."""
+    done, run = swept["grpo"], swept["out"].parent / "grpo"
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((run / "metrics.json").read_text())
+    assert record["status"] == "finished"
+    metrics = record["metrics"]
     assert {"train/reward_mean", "train/kl_to_start", "test/countdown3/accuracy"} <= set(metrics)
     assert metrics["cost/student_generated_tokens"] > 0
+    student = swept["out"] / "mix=0,trainer.precision=bf16-mixed" / "student"
     assert json.loads((run / "env.json").read_text())["models"]["student"]["path"] == str(student)
 
 
-def test_a_two_rank_ddp_fit_of_the_real_pair(swept, tmp_path):
-    _, config, *_ = swept
+def test_a_two_rank_ddp_fit_of_the_real_pair(swept, cores, tmp_path):
     run = tmp_path / "run"
-    done = distill(
-        "fit",
-        "--config",
-        str(config),
-        "--trainer.devices=2",
-        "--trainer.strategy=ddp",
-        "--data.batch_size=1",
-        "--trainer.max_steps=1",
-        "--trainer.val_check_interval=1",
-        "--run_dir",
-        str(run),
-        env=environment(),
+    ddp = ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=1", "--trainer.max_steps=1"]
+    ddp += ["--trainer.val_check_interval=1", "--run_dir", str(run)]
+    done = cores.run(
+        distill("fit", "--config", str(swept["config"]), *ddp), 2, cwd=ROOT, env=environment(), timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((run / "metrics.json").read_text())
