@@ -18,26 +18,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The shipped configs compile their models (30-90 s a process); tests run them eagerly. The tests of
 # compiling itself unset it (`monkeypatch.delenv`).
 os.environ["DISTILL_COMPILE"] = "0"
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread in this process: fits run beside it in the background (`Cores`), and two threads on a
+# core another process also uses wait on each other at every parallel op.
+torch.set_num_threads(1)
 
 
 class Cores:
-    """Runs the suite's subprocesses (fits of one thread a rank) on the machine's cores: ahead of the
-    test that reads them (`ahead`), or now (`run`), never more processes at once than cores. A test
-    that runs its fits one after another leaves a core idle while the other works; tests that start
-    their independent fits here let two run side by side."""
+    """Runs the suite's subprocesses (fits of one thread a rank) on the machine's cores, never more
+    at once than there are cores. The main thread, which runs the in-process tests, holds one core
+    while it works and lends it while it waits (`result`, `run`, `held`), so a module's slow fits
+    can start early (`start_early`) and run beside the quick in-process tests that come before them. A
+    job holds a core per process it runs; the cores go first come, first served, so that a job
+    that needs both is not passed over forever by one-core jobs."""
 
     def __init__(self, n: int):
-        self.n, self.free = n, n
+        self.n, self.free = n, n - 1  # the main thread's core is taken
         self.changed = threading.Condition()
         self.queue: deque = deque()
         self.pool = ThreadPoolExecutor(n, thread_name_prefix="cores")
+        self.jobs: dict[str, Job] = {}  # by name: what `start_early` started
+        self.started = False
 
-    @contextmanager
-    def held(self, k: int = 1):
-        """Hold `k` cores (all of them at most) while the block runs. Served first come, first
-        served: a job that needs both cores is not passed over forever by one-core jobs."""
-        k = min(k, self.n)
+    def _take(self, k: int) -> None:
         ticket = object()
         with self.changed:
             self.queue.append(ticket)
@@ -45,12 +47,34 @@ class Cores:
             self.queue.popleft()
             self.free -= k
             self.changed.notify_all()
+
+    def _give(self, k: int) -> None:
+        with self.changed:
+            self.free += k
+            self.changed.notify_all()
+
+    @contextmanager
+    def held(self, k: int = 1):
+        """Hold `k` cores (all of them at most) while the block runs; in the main thread, its own
+        core counts among them."""
+        k = min(k, self.n)
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            self._give(1)
+        if k:  # lending a core needs no turn in the queue
+            self._take(k)
         try:
             yield
         finally:
-            with self.changed:
-                self.free += k
-                self.changed.notify_all()
+            self._give(k)
+            if main:
+                self._take(1)
+
+    def result(self, job):
+        """A job's result (`ahead`), the main thread's core lent while it waits: a main thread
+        that waited holding it could wait forever for a job that needs both cores."""
+        with self.held(0):
+            return (job.future if isinstance(job, Job) else job).result()
 
     def run(self, command: list[str], cores: int = 1, **kwargs) -> subprocess.CompletedProcess:
         """`subprocess.run(command, **kwargs)` (output captured as text) once `cores` are free; the
@@ -61,9 +85,26 @@ class Cores:
         done.seconds = time.monotonic() - start
         return done
 
-    def ahead(self, command: list[str], cores: int = 1, **kwargs) -> Future:
-        """`run` in the background: its `Future`. Never wait for one while holding cores."""
-        return self.pool.submit(self.run, command, cores, **kwargs)
+    def ahead(self, command, cores: int = 1, **kwargs) -> Job:
+        """`run` in the background (or, for a callable, `command()` holding `cores`; it runs its
+        processes itself, not through `run`): a `Job`, whose `result()` waits for it."""
+        if callable(command):
+            return Job(self, self.pool.submit(self._call, command, cores))
+        return Job(self, self.pool.submit(self.run, command, cores, **kwargs))
+
+    def _call(self, work, cores: int):
+        with self.held(cores):
+            return work()
+
+
+class Job:
+    """A background job of `Cores`; `result()` lends the main thread's core while it waits."""
+
+    def __init__(self, cores: Cores, future: Future):
+        self.cores, self.future = cores, future
+
+    def result(self):
+        return self.cores.result(self)
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +113,52 @@ def cores():
     pool = Cores(os.cpu_count() or 1)
     yield pool
     pool.pool.shutdown(wait=True)
+
+
+def _phase(item) -> int:
+    """0: tests that keep both cores busy themselves (`cores` marker); 1: the rest; 2: the modules
+    whose slow fits start early (`early_jobs`)."""
+    if hasattr(getattr(item, "module", None), "early_jobs"):
+        return 2
+    return 0 if item.get_closest_marker("cores") else 1
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that keep both cores busy run first, alone; the modules whose slow fits start early
+    run last, so that those fits have the rest of the session to run beside the in-process tests."""
+    items.sort(key=_phase)
+
+
+@pytest.fixture(autouse=True)
+def _cores_of_the_test(request, cores):
+    """A `cores(n)` test holds n cores; the first test after them starts the early fits."""
+    marker = request.node.get_closest_marker("cores")
+    if marker is not None:
+        with cores.held(marker.args[0]):
+            yield
+        torch.set_num_threads(1)  # a tiny-world build sets its recipe's two threads
+        return
+    if not cores.started:
+        cores.started = True
+        start_early(request, cores)
+    yield
+
+
+def start_early(request, cores) -> None:
+    """Starts the slow fits of the selected tests: a test module's
+    `early_jobs(request, selected) -> {name: (command or callable, cores, subprocess kwargs)}`
+    names them, and its tests read `cores.jobs[name]` (with `Cores.result`). One-core jobs go
+    first (they run beside the in-process tests), then those that need both cores (they run when
+    the main thread waits)."""
+    selected: dict = {}
+    for item in request.session.items:
+        selected.setdefault(item.module, []).append(item.name)
+    specs = []
+    for module, names in selected.items():
+        if hasattr(module, "early_jobs"):
+            specs += module.early_jobs(request, set(names)).items()
+    for name, (command, n, kwargs) in sorted(specs, key=lambda spec: spec[1][1] > 1):
+        cores.jobs[name] = cores.ahead(command, n, **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +201,7 @@ def quick_world(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     out = cache / folder(DEFAULT_VERSION)
     build(out, QUICK)
+    torch.set_num_threads(1)  # the build set its recipe's threads
     for version in VERSIONS:
         if version != DEFAULT_VERSION:
             (cache / folder(version)).symlink_to(out, target_is_directory=True)

@@ -19,6 +19,8 @@ import torch
 
 from distill.data.order import ResumableShuffle
 
+pytestmark = pytest.mark.cores(2)  # Two ranks at a time.
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 

@@ -198,37 +198,50 @@ def short_config(where: Path) -> Path:
 TIMING = ("cost/wall_s", "cost/time/")  # wall-clock figures differ between any two runs
 
 
-@pytest.mark.slow
-def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(
-    quick_world, cores, tmp_path, monkeypatch
-):
-    """Killed after step 5 and resumed from step 3's checkpoint, each logger holds what it holds
-    after an uninterrupted run: every figure at the same steps (none twice), the same values
-    (wall-clock figures aside), in the same MLflow run and CSV version as before the kill."""
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this process reads the store too
-    env = {
+RESUMED = "test_a_resumed_run_continues_each_loggers_run_without_a_step_twice"
+SESSION: dict = {}  # where `early_jobs` put the resumed test's two first fits
+
+
+def fits_env(quick_world: Path) -> dict:
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "faults")]),
         "DISTILL_CACHE": str(quick_world.parent),
         "OMP_NUM_THREADS": "1",
+        "MLFLOW_ALLOW_FILE_STORE": "true",
     }
 
-    def fit(where: Path, **armed: str):
-        """The short fit into `where`, started beside the other (`Cores.ahead`)."""
-        where.mkdir()
-        command = [sys.executable, "-m", "distill.cli", "fit", "--config", str(short_config(where))]
-        command += ["--run_dir", str(where / "run")]
-        return cores.ahead(command, cwd=ROOT, env={**env, **armed}, timeout=900)
 
-    uninterrupted = fit(tmp_path / "reference")
-    where, run = tmp_path / "killed", tmp_path / "killed" / "run"
-    stopped = fit(where, DISTILL_TEST_KILL_AT_STEP="5")
-    done = uninterrupted.result()
+def early_jobs(request, selected: set[str]) -> dict:
+    """The resumed test's uninterrupted fit and the fit killed after step 5, for `start_early`
+    (tests/conftest.py) to start at the session's start."""
+    if RESUMED not in selected:
+        return {}
+    env = fits_env(request.getfixturevalue("quick_world"))
+    where = SESSION["where"] = request.getfixturevalue("tmp_path_factory").mktemp("loggers")
+    jobs = {}
+    for name, armed in (("reference", {}), ("killed", {"DISTILL_TEST_KILL_AT_STEP": "5"})):
+        (where / name).mkdir()
+        command = [sys.executable, "-m", "distill.cli", "fit", "--config", str(short_config(where / name))]
+        command += ["--run_dir", str(where / name / "run")]
+        jobs[f"loggers/{name}"] = (command, 1, dict(cwd=ROOT, env={**env, **armed}, timeout=900))
+    return jobs
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(quick_world, cores, monkeypatch):
+    """Killed after step 5 and resumed from step 3's checkpoint, each logger holds what it holds
+    after an uninterrupted run: every figure at the same steps (none twice), the same values
+    (wall-clock figures aside), in the same MLflow run and CSV version as before the kill."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this process reads the store too
+    tmp_path = SESSION["where"]
+    done = cores.jobs["loggers/reference"].result()
     assert done.returncode == 0, done.stderr[-2000:]
     reference_id = assert_each_logger_has_the_run(tmp_path / "reference" / "run", tmp_path / "reference")
     reference = csv_curves(tmp_path / "reference")
 
-    killed = stopped.result()
+    where, run = tmp_path / "killed", tmp_path / "killed" / "run"
+    killed = cores.jobs["loggers/killed"].result()
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_id = json.loads((run / "loggers.json").read_text())[1]["version"]
     sent = csv_curves(where)
@@ -239,7 +252,7 @@ def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(
         [sys.executable, "-m", "distill.cli", "fit", "--config", str(where / "short.yaml")]
         + ["--run_dir", str(run), "--ckpt_path", "last"],
         cwd=ROOT,
-        env=env,
+        env=fits_env(quick_world),
         timeout=900,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]

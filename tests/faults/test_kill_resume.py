@@ -76,15 +76,27 @@ def short_config(where: Path) -> Path:
 TIMING = ("cost/wall_s", "cost/time/")
 
 
+# The fits' environment and each early fit's run directory, made once a session: by `early_jobs`
+# when this module's tests are selected, else by the first test that asks.
+SESSION: dict = {"env": None, "runs": {}}
+
+
+def fits_env(request) -> dict:
+    if SESSION["env"] is None:
+        quick_world = request.getfixturevalue("quick_world")
+        SESSION["env"] = {
+            "SHORT": str(short_config(request.getfixturevalue("tmp_path_factory").mktemp("short"))),
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "faults")]),
+            "DISTILL_CACHE": str(quick_world.parent),
+            "OMP_NUM_THREADS": "1",
+        }
+    return SESSION["env"]
+
+
 @pytest.fixture(scope="module")
-def shared_env(quick_world, tmp_path_factory) -> dict:
-    return {
-        "SHORT": str(short_config(tmp_path_factory.mktemp("short"))),
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "faults")]),
-        "DISTILL_CACHE": str(quick_world.parent),
-        "OMP_NUM_THREADS": "1",
-    }
+def shared_env(request) -> dict:
+    return fits_env(request)
 
 
 @pytest.fixture
@@ -240,45 +252,39 @@ def sweep_command(where: Path, env: dict) -> list[str]:
     return [sys.executable, "-m", "distill.cli", "sweep", str(spec)]
 
 
-@pytest.fixture(scope="module")
-def started(request, shared_env, cores, tmp_path_factory) -> dict:
-    """{name: (run directory, Future of its CompletedProcess)}: the FIRST fits the selected tests
-    read, all started at once (`Cores.ahead`)."""
-    selected = {item.name for item in request.session.items if item.module is request.module}
-    jobs = {}
+def early_jobs(request, selected: set[str]) -> dict:
+    """The FIRST fits the selected tests read, for `start_early` (tests/conftest.py) to start at the
+    session's start."""
+    env, jobs = None, {}
     for test, names in NEEDS.items():
         for name in names if test in selected else ():
-            if name not in jobs:
-                extra, armed, ranks = FIRST[name]
-                where = tmp_path_factory.mktemp(name)
-                run = where if name == "killed_sweep" else where / "run"
-                line = (
-                    sweep_command(where, shared_env)
-                    if name == "killed_sweep"
-                    else command(run, shared_env, *extra)
-                )
-                env = {**shared_env, **armed}
-                jobs[name] = (run, cores.ahead(line, ranks, cwd=ROOT, env=env, timeout=600))
+            if f"kill_resume/{name}" in jobs:
+                continue
+            env = env or fits_env(request)
+            extra, armed, ranks = FIRST[name]
+            where = request.getfixturevalue("tmp_path_factory").mktemp(name)
+            run = SESSION["runs"][name] = where if name == "killed_sweep" else where / "run"
+            line = sweep_command(where, env) if name == "killed_sweep" else command(run, env, *extra)
+            jobs[f"kill_resume/{name}"] = (line, ranks, dict(cwd=ROOT, env={**env, **armed}, timeout=600))
     return jobs
 
 
-def first(started: dict, name: str) -> tuple[Path, subprocess.CompletedProcess]:
+def first(cores, name: str) -> tuple[Path, subprocess.CompletedProcess]:
     """A FIRST fit's run directory and process, once it has ended."""
-    run, job = started[name]
-    return run, job.result()
+    return SESSION["runs"][name], cores.result(cores.jobs[f"kill_resume/{name}"])
 
 
 @pytest.fixture(scope="module")
-def reference(started) -> dict:
+def reference(cores) -> dict:
     """The uninterrupted run's figures, fitted once for every test that compares against it."""
-    run, done = first(started, "reference")
+    run, done = first(cores, "reference")
     assert done.returncode == 0, done.stderr[-2000:]
     return untimed(run)
 
 
 @pytest.mark.slow
-def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(cores, started, env, reference, refusal):
-    run, killed = first(started, "killed_at_5")
+def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(cores, env, reference, refusal):
+    run, killed = first(cores, "killed_at_5")
     assert killed.returncode == -signal.SIGKILL
     assert not (run / "metrics.json").exists()
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
@@ -310,13 +316,11 @@ def status(run: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly(
-    cores, started, env, reference
-):
+def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly(cores, env, reference):
     """SIGTERM after step 5 (checkpoints every 2 steps): the fit writes step 5's checkpoint, an
     `interrupted` status record that says so, and exits 143; `--ckpt_path last` ends with every
     figure of the uninterrupted run."""
-    run, stopped = first(started, "sigterm_at_5")
+    run, stopped = first(cores, "sigterm_at_5")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     record = status(run)
     assert (record["state"], record["rank"], record["step"]) == ("interrupted", 0, 5)
@@ -335,10 +339,10 @@ def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exa
 
 
 @pytest.mark.slow
-def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, started, env, reference):
+def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, env, reference):
     """The checkpoint of step 8 closes epoch 0 (8 batches): the resumed run must start epoch 1 at
     its first batch, not replay or skip it."""
-    run, killed = first(started, "killed_at_9")
+    run, killed = first(cores, "killed_at_9")
     assert killed.returncode == -signal.SIGKILL
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 8 and ckpt["RolloutDataModule"]["position"] == {"epoch": 0, "batches": 8}
@@ -348,8 +352,8 @@ def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, started, 
 
 
 @pytest.mark.slow
-def test_killed_while_testing_resumes_with_its_training_figures(cores, started, env, reference):
-    run, killed = first(started, "killed_in_test")
+def test_killed_while_testing_resumes_with_its_training_figures(cores, env, reference):
+    run, killed = first(cores, "killed_in_test")
     assert killed.returncode == -signal.SIGKILL and not (run / "metrics.json").exists()
     resumed = fit(cores, run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -359,13 +363,13 @@ def test_killed_while_testing_resumes_with_its_training_figures(cores, started, 
 
 
 @pytest.mark.slow
-def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, started, env, reference):
+def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, env, reference):
     """2 FSDP2 ranks, killed after step 5 and resumed from step 4's checkpoint (each rank's reused
     rollout batch restored: `reuse_by_rank`), report every figure of the uninterrupted single
     process to float32 summation order (ranks sum tokens in another order: measured 2e-7
     relative at most; a rank's reused batch restored from the wrong rank gave 4e-3, rank-local
     token counts a factor 2). The exported student is the whole, gathered model."""
-    run, killed = first(started, "fsdp_killed_at_5")
+    run, killed = first(cores, "fsdp_killed_at_5")
     assert killed.returncode == -signal.SIGKILL
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     by_rank = ckpt["RolloutDataModule"]["reuse_by_rank"]
@@ -388,12 +392,12 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, st
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(started):
+def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(cores):
     """Two FSDP ranks; rank 1 gets SIGTERM in the validation after step 6 and stays busy 5 s (a
     compile), while rank 0 runs on into the evaluation's all-reduce. Nothing deadlocks (Lightning's
     own handler, which broadcasts from inside the handler, did): both ranks finish the evaluation
     and step 7, agree there, write step 7's checkpoint and exit."""
-    run, stopped = first(started, "busy_in_validation")
+    run, stopped = first(cores, "busy_in_validation")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "distill: rank 1 received SIGTERM; stopping at the end of this step" in stopped.stderr
     record = status(run)
@@ -404,10 +408,10 @@ def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(
 
 
 @pytest.mark.slow
-def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(started):
+def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(cores):
     """Rank 1 gets SIGTERM after step 3 and stays busy 120 s; with a 3 s grace every process is
     gone within seconds, and the record names the checkpoint a resume starts from (step 2's)."""
-    run, stopped = first(started, "watchdog")
+    run, stopped = first(cores, "watchdog")
     assert stopped.seconds < 100  # the stall alone would be 120 s (start-up included)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     record = status(run)
@@ -417,9 +421,9 @@ def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(started)
 
 
 @pytest.fixture(scope="module")
-def killed_at_3(started) -> Path:
+def killed_at_3(cores) -> Path:
     """A run killed after step 3, fitted once; each test that resumes it resumes its own copy."""
-    run, killed = first(started, "killed_at_3")
+    run, killed = first(cores, "killed_at_3")
     assert killed.returncode == -signal.SIGKILL
     return run
 
@@ -546,8 +550,8 @@ def strict_json(path: Path) -> dict:
     ],
     ids=["mix0", "mix1"],
 )
-def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, started):
-    run, done = first(started, f"nan_mix{mix}")
+def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, cores):
+    run, done = first(cores, f"nan_mix{mix}")
     assert done.returncode == 3, done.stderr[-2000:]
     assert (
         done.stderr.strip().splitlines()[-1]
@@ -567,10 +571,10 @@ def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, s
 
 
 @pytest.mark.slow
-def test_infinite_gradients_are_skipped_then_stop_the_run(started):
+def test_infinite_gradients_are_skipped_then_stop_the_run(cores):
     """A vanishing divergence temperature makes every gradient norm infinite: no update is taken
     (the weights stay those of the start) and the run stops after `max_nonfinite_steps`."""
-    run, done = first(started, "infinite_gradients")
+    run, done = first(cores, "infinite_gradients")
     assert done.returncode == 3, done.stderr[-2000:]
     record = strict_json(run / "metrics.json")
     assert record["status"] == "diverged"
@@ -581,8 +585,8 @@ def test_infinite_gradients_are_skipped_then_stop_the_run(started):
 
 
 @pytest.mark.slow
-def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(cores, started, env, reference):
-    tmp_path, killed = first(started, "killed_sweep")
+def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(cores, env, reference):
+    tmp_path, killed = first(cores, "killed_sweep")
     sweep = sweep_command(tmp_path, env)
     assert killed.returncode == 1 and "FAILED" in killed.stdout + killed.stderr
     (run,) = [p for p in (tmp_path / "sweep").iterdir() if (p / "settings.json").exists()]

@@ -15,6 +15,8 @@ from distill.models import tiny_world as tw
 from distill.models import tiny_world_folders as folders
 from distill.models.tiny_world_train import MixtureStream
 
+pytestmark = pytest.mark.cores(2)  # Builds of two threads (the recipe's).
+
 
 @pytest.mark.parametrize("start", [1, 37, 256, 300])
 def test_a_stream_started_late_is_the_whole_streams_tail(start):

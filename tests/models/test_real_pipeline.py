@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,13 +103,20 @@ def grpo_config(student: Path, where: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory, cores) -> dict:
+def early_jobs(request, selected: set[str]) -> dict:
+    """The sweep, its rerun, the GRPO stage and the report, one after another on one core, for
+    `start_early` (tests/conftest.py) to start at the session's start."""
+    if not selected - {"test_a_two_rank_ddp_fit_of_the_real_pair"}:
+        return {}
+    where = request.getfixturevalue("tmp_path_factory").mktemp("real")
+    env = environment()  # now: the job runs while other tests change os.environ (monkeypatch)
+    return {"real_pipeline": (lambda: sweep_rerun_grpo_report(where, env), 1, {})}
+
+
+def sweep_rerun_grpo_report(where: Path, env: dict) -> dict:
     """{"out": the sweep's output, "config": the short config, "first", "rerun", "report": those
     processes, "status": the sweep's status after the first invocation, "grpo": the GRPO stage's
-    process}. Two fits at a time, one thread each (the machine's two cores); the rerun and the GRPO
-    stage run side by side."""
-    where = tmp_path_factory.mktemp("real")
+    process}. One fit at a time, one thread each."""
     config = short_config(where)
     spec = where / "real.yaml"
     spec.write_text(
@@ -122,18 +130,26 @@ def swept(tmp_path_factory, cores) -> dict:
             }
         )
     )
-    armed = environment(DISTILL_TEST_SIGNAL_AT_STEP="1", DISTILL_TEST_SIGNAL_RUN=STOPPED)
-    run = dict(cwd=ROOT, timeout=900)
-    first = cores.run(distill("sweep", str(spec), "--jobs", "2"), 2, env=armed, **run)
+
+    def run(*args: str, **armed: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            distill(*args), cwd=ROOT, env={**env, **armed}, capture_output=True, text=True, timeout=900
+        )
+
+    first = run("sweep", str(spec), DISTILL_TEST_SIGNAL_AT_STEP="1", DISTILL_TEST_SIGNAL_RUN=STOPPED)
     status = json.loads((where / "runs" / "status.json").read_text())
-    rerun = cores.ahead(distill("sweep", str(spec)), env=environment(), **run)
+    rerun = run("sweep", str(spec))
     student = where / "runs" / "mix=0,trainer.precision=bf16-mixed" / "student"
-    grpo = distill("fit", "--config", str(grpo_config(student, where)), "--run_dir", str(where / "grpo"))
-    grpo = cores.ahead(grpo, env=environment(), **run)
-    rerun = rerun.result()
-    report = cores.run(distill("report", str(where / "runs")), env=environment(), **run)
-    out = {"out": where / "runs", "config": config, "status": status, "grpo": grpo.result()}
+    grpo = run("fit", "--config", str(grpo_config(student, where)), "--run_dir", str(where / "grpo"))
+    report = run("report", str(where / "runs"))
+    out = {"out": where / "runs", "config": config, "status": status, "grpo": grpo}
     return {**out, "first": first, "rerun": rerun, "report": report}
+
+
+@pytest.fixture(scope="module")
+def swept(cores) -> dict:
+    """The pipeline's processes and outputs (`sweep_rerun_grpo_report`), started early."""
+    return cores.result(cores.jobs["real_pipeline"])
 
 
 def test_a_sweep_of_the_real_pair_stops_resumes_and_reports(swept):
@@ -190,13 +206,12 @@ def test_grpo_from_a_distilled_real_student(swept):
     assert json.loads((run / "env.json").read_text())["models"]["student"]["path"] == str(student)
 
 
-def test_a_two_rank_ddp_fit_of_the_real_pair(swept, cores, tmp_path):
+def test_a_two_rank_ddp_fit_of_the_real_pair(cores, tmp_path):
     run = tmp_path / "run"
     ddp = ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=1", "--trainer.max_steps=1"]
     ddp += ["--trainer.val_check_interval=1", "--run_dir", str(run)]
-    done = cores.run(
-        distill("fit", "--config", str(swept["config"]), *ddp), 2, cwd=ROOT, env=environment(), timeout=900
-    )
+    fit = distill("fit", "--config", str(short_config(tmp_path)), *ddp)
+    done = cores.run(fit, 2, cwd=ROOT, env=environment(), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((run / "metrics.json").read_text())
     assert record["status"] == "finished" and record["metrics"]["train/reverse_kl"] > 0

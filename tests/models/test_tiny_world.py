@@ -12,6 +12,8 @@ from distill.models.tiny import CHARS, TAG_TOKENS, char_tokenizer
 from distill.models.tiny_world_recipes import QUICK
 from distill.models.tiny_world_train import MixtureStream
 
+pytestmark = pytest.mark.cores(2)  # builds of the recipe's two threads, here and in subprocesses
+
 QUICK_NAMES = [name for name, _ in QUICK.models]
 
 
