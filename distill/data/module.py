@@ -36,6 +36,7 @@ from distill.data.prompts import PromptCollator, render_context, repeat_rows
 from distill.models.loading import load_tokenizer
 from distill.precision import step_precision
 from distill.rollout import RolloutBatch, RolloutSampler
+from distill.rollout.vllm_engine import VLLMSettings
 from distill.seeds import path_seed
 from distill.tasks.qa_datasets import row_metrics
 from distill.tasks.registry import get_task
@@ -152,8 +153,8 @@ class Evaluation:
 
 
 # The rollout policy's own settings; the rest of the sampler's are `Sampling`'s.
-POLICY_SETTINGS = ("mix", "granularity")
-GROUPS = {"sampling": Sampling, "prompts": PromptFormat, "evaluation": Evaluation}
+POLICY_SETTINGS = ("mix", "granularity", "engine")
+GROUPS = {"sampling": Sampling, "prompts": PromptFormat, "evaluation": Evaluation, "vllm": VLLMSettings}
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -177,6 +178,11 @@ class RolloutDataModule(L.LightningDataModule):
         sampling: how training rollouts are decoded (`Sampling`).
         prompts: how rows become prompts: tokenizer, chat template, teacher-only context (`PromptFormat`).
         evaluation: the validation and test tasks, sizes, batch and budgets (`Evaluation`).
+        engine: who writes the training rollouts' rows: `native` (distill's decoder; every
+            granularity) or `vllm` (a vLLM engine per model, the student's loaded with its current
+            weights; granularity batch or sequence). Evaluation and the measurement callbacks decode
+            natively, greedily, with either.
+        vllm: the vLLM engines' settings (`distill.rollout.vllm_engine.VLLMSettings`).
     """
 
     def __init__(
@@ -193,11 +199,14 @@ class RolloutDataModule(L.LightningDataModule):
         sampling: Sampling = Sampling(),
         prompts: PromptFormat = PromptFormat(),
         evaluation: Evaluation = Evaluation(),
+        engine: str = "native",
+        vllm: VLLMSettings = VLLMSettings(),
     ):
         super().__init__()
         self.sampling = settings(Sampling, sampling, "data.sampling")
         self.prompts = settings(PromptFormat, prompts, "data.prompts")
         self.evaluation = settings(Evaluation, evaluation, "data.evaluation")
+        self.vllm = settings(VLLMSettings, vllm, "data.vllm")
         self.save_hyperparameters(ignore=list(GROUPS))
         # Plain mappings in the hyper-parameters (and so in checkpoints), read back by `settings`.
         self.hparams.update({name: dataclasses.asdict(getattr(self, name)) for name in GROUPS})
@@ -225,7 +234,12 @@ class RolloutDataModule(L.LightningDataModule):
                     render_context(context, row, f"data.prompts.{owner} (task {t.name})")
         try:  # the sampler validates the knob's settings now, before any model is loaded
             self.sampler = RolloutSampler(
-                mix=mix, granularity=granularity, cache_dir=rollout_cache, **dataclasses.asdict(self.sampling)
+                mix=mix,
+                granularity=granularity,
+                cache_dir=rollout_cache,
+                engine=engine,
+                vllm=self.vllm,
+                **dataclasses.asdict(self.sampling),
             )
         except ValueError as err:
             group = "data." if str(err).split(" ")[0] in POLICY_SETTINGS else "data.sampling."
@@ -322,6 +336,10 @@ class RolloutDataModule(L.LightningDataModule):
     def test_dataloader(self):
         return [self._loader(d, self.evaluation.batch_size) for d in self.test_sets]
 
+    def teardown(self, stage: str) -> None:
+        if stage == "fit" and self.sampler.engines is not None:  # end the engines' processes
+            self.sampler.engines.close()
+
     # --- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the data position and, while `refresh_every` > 1 reuses a
@@ -399,8 +417,11 @@ class RolloutDataModule(L.LightningDataModule):
                 batch["attention_mask"],
                 generator=torch.Generator().manual_seed(path_seed("rollout", self.hparams.seed, step)),
                 seed=self._rollout_seed(trainer.current_epoch),
+                step=step,
                 **self._teacher_prompt(batch),
             )
+            if self.sampler.engines is not None:  # the step's memory back from the engines
+                self.sampler.engines.sleep()
             out = {
                 "rollout": rollout,
                 "rows": batch["rows"],

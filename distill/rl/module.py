@@ -348,6 +348,8 @@ class GRPOModule(LoopCheckpointing, EvalFigures, L.LightningModule):
             self.log("train/kl_penalty", logged["kl_penalty"], **add)
         self.log("train/completion_length", step.rollout.completion_mask.sum(-1).float().mean(), **mean)
         self.log("train/truncated_share", step.rollout.truncated_rows / n, **mean)  # cut at max_new_tokens
+        if step.rollout.policy_lag is not None:  # steps between the policy and the engine that wrote
+            self.log("train/policy_lag", float(step.rollout.policy_lag), batch_size=n)
         self.log("train/grad_norm", float(grad_norm), batch_size=n)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         self.log("train/nonfinite_steps", float(self.loop.guard.skipped), batch_size=n)

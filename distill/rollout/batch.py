@@ -27,7 +27,9 @@ class RolloutBatch:
     depend on how prompts were batched). Teacher rows read from the cache cost no teacher forward
     tokens; `cached_teacher_rows` says how many there were. `truncated_rows`: rows that wrote no
     EOS, cut off by `max_new_tokens` (a training budget that truncates many rows distils a policy
-    that never finishes).
+    that never finishes). `policy_lag`: how many optimiser steps old the student weights that wrote
+    its rows were (the vLLM engine, loaded every `sync_every` steps); None when they were the
+    current weights by construction (the native decoder).
 
     Teacher-only context: when the teacher read a prompt of its own, `teacher_input_ids` /
     `teacher_attention_mask` (`[B, T_t]`) are that prompt (left-padded) followed by the same
@@ -47,6 +49,7 @@ class RolloutBatch:
     rollout_seconds: float = 0.0
     cached_teacher_rows: int = 0
     truncated_rows: int = 0
+    policy_lag: int | None = None
     teacher_input_ids: Tensor | None = None
     teacher_attention_mask: Tensor | None = None
 

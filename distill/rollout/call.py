@@ -41,6 +41,8 @@ class SampleCall:
     teacher_ids: Tensor | None = None
     teacher_mask: Tensor | None = None
     teacher_prompts: list[list[int]] | None = None
+    step: int | None = None  # the optimiser step the student is at, when the caller knows it
+    policy_lag: int | None = None  # steps between the student and the weights that wrote its rows
 
     def prompt_of(self, role: str) -> tuple[Tensor, Tensor]:
         """The left-padded prompt batch `role` ("teacher" or "student") decodes after."""
@@ -57,13 +59,20 @@ class SampleCall:
         """Per-row keyed streams seeded by (seed, role, prompt, occurrence, settings) when seeded;
         else one shared stream drawn from the batch generator (or the global RNG)."""
         if self.seed is not None:
-            seeds = [
-                derive_seed(self.seed, role, self.prompts[i], self.occurrence[i], self.settings) for i in rows
-            ]
-            return RowStreams.per_row(seeds, self.input_ids.device)
+            return RowStreams.per_row(self.row_seeds(role, rows), self.input_ids.device)
+        return RowStreams.shared_from(int(self._draw(1)[0]), self.input_ids.device)
+
+    def row_seeds(self, role: str, rows: Sequence[int]) -> list[int]:
+        """Each row's seed: from (seed, role, prompt, occurrence, settings) when the call is
+        seeded, so that a row's tokens do not depend on its batch-mates; else drawn from the batch
+        generator (or the global RNG)."""
+        if self.seed is None:
+            return self._draw(len(rows))
+        return [derive_seed(self.seed, role, self.prompts[i], self.occurrence[i], self.settings) for i in rows]
+
+    def _draw(self, n: int) -> list[int]:
         device = self.generator.device if self.generator is not None else "cpu"
-        draw = torch.randint(2**62, (1,), generator=self.generator, device=device)
-        return RowStreams.shared_from(int(draw), self.input_ids.device)
+        return torch.randint(2**62, (n,), generator=self.generator, device=device).tolist()
 
     def collect(self, out: Decoded, idx: list[int]) -> None:
         """Store a decode loop's tokens (up to each row's length) as rows `idx` of the call."""
@@ -106,6 +115,7 @@ class SampleCall:
             rollout_seconds=seconds,
             cached_teacher_rows=self.cached,
             truncated_rows=sum(1 for r in self.rows if r[-1] not in self.eos_ids),
+            policy_lag=self.policy_lag,
             **teacher_view,
         )
 

@@ -4,7 +4,8 @@ The sampler holds and checks the settings and runs a call; its per-row bookkeepi
 `call.SampleCall`. Who writes each token: `batch` and `sequence` give whole rows to the teacher
 (`teacher_rows`) and decode each model's rows apart, the teacher's through the teacher-rollout cache
 (`sample_per_row`); `token` and `speculative` step both models together, a rule choosing each
-token's writer (`sample_per_token`).
+token's writer (`sample_per_token`). Whole rows are decoded by the native decoder or, with
+`engine="vllm"`, by each model's vLLM engine (`vllm_engine`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from distill.rollout.decoding import (
 )
 from distill.rollout.special_ids import special_ids
 from distill.rollout.streams import RowStreams
+from distill.rollout.vllm_engine import ENGINES, Engines, VLLMSettings, check_installed
 from distill.seeds import derive_seed
 
 
@@ -77,12 +79,42 @@ def sample_per_row(sampler: RolloutSampler, call: SampleCall, student: nn.Module
 def _decode_rows(
     sampler: RolloutSampler, call: SampleCall, model: nn.Module, role: str, idx: list[int]
 ) -> None:
+    if sampler.engines is not None:
+        _generate_rows(sampler, call, model, role, idx)
+        return
     ids, m = call.prompt_of(role)
     ids, m = strip_common_padding(ids[idx], m[idx])
     rule = single_rule(sampler, role == "teacher")
     out = decode([model], ids, m, rule, call.streams(role, idx), **call.decode_kwargs)
     call.forward_tokens[role] += out.forward_tokens[0]
     call.collect(out, idx)
+
+
+def _generate_rows(
+    sampler: RolloutSampler, call: SampleCall, model: nn.Module, role: str, idx: list[int]
+) -> None:
+    """Rows `idx` written by `role`'s vLLM engine, one request a row, each seeded as the native
+    decoder seeds that row's stream (`SampleCall.row_seeds`)."""
+    if role == "student":
+        engine, call.policy_lag = sampler.engines.student(model, call.step)
+    else:
+        engine = sampler.engines.engine(role, model)
+    ids, m = call.prompt_of(role)
+    prompts = unpadded(ids[idx], m[idx])
+    rows = engine.generate(
+        prompts,
+        call.row_seeds(role, idx),
+        temperature=sampler.temperature,
+        top_k=sampler.top_k,
+        top_p=sampler.top_p,
+        max_new_tokens=sampler.max_new_tokens,
+        eos_ids=call.eos_ids,
+        vocab=call.vocab,
+    )
+    for i, prompt, row in zip(idx, prompts, rows):
+        call.rows[i], call.by_teacher[i] = row, [role == "teacher"] * len(row)
+        # As the native decoder counts: the prompt once, then each written token but the last.
+        call.forward_tokens[role] += len(prompt) + len(row) - 1
 
 
 def sample_per_token(
@@ -198,6 +230,11 @@ class RolloutSampler:
         cache_dir: Directory caching teacher-only rows (batch and sequence modes) across runs;
             used when `sample` gets a `seed` or decoding is greedy. None: the
             `DISTILL_ROLLOUT_CACHE` environment variable if set, else no cache.
+        engine: Who decodes whole rows: "native" (distill's decoder, every granularity) or
+            "vllm" (each model's vLLM engine; batch and sequence granularity only, since token and
+            speculative granularity step both models together).
+        vllm: The engines' settings with `engine="vllm"` (`vllm_engine.VLLMSettings`; None: its
+            defaults).
     """
 
     def __init__(
@@ -213,6 +250,8 @@ class RolloutSampler:
         vocab_size: int | None = None,
         speculative_top_k: int = 5,
         cache_dir: str | None = None,
+        engine: str = "native",
+        vllm: VLLMSettings | None = None,
     ):
         if not is_number(mix) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must be in [0, 1], got {mix!r}")
@@ -241,6 +280,15 @@ class RolloutSampler:
             raise ValueError(f"vocab_size must be None or an integer >= 1, got {vocab_size!r}")
         if not is_int(speculative_top_k) or speculative_top_k < 1:
             raise ValueError(f"speculative_top_k must be an integer >= 1, got {speculative_top_k!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+        if engine == "vllm" and granularity not in ("batch", "sequence"):
+            raise ValueError(
+                f"engine vllm writes whole rows (granularity batch or sequence); granularity "
+                f"{granularity!r} steps both models together, which only the native engine does"
+            )
+        if engine == "vllm":
+            check_installed()
         if cache_dir is None:
             cache_dir = os.environ.get(CACHE_ENV) or None
         self.mix = float(mix)
@@ -255,12 +303,14 @@ class RolloutSampler:
         self.vocab_size = vocab_size
         self.speculative_top_k = speculative_top_k
         self.cache = RolloutCache(cache_dir) if cache_dir else None
+        self.engine = engine
+        self.engines = Engines(vllm or VLLMSettings()) if engine == "vllm" else None
 
     def __repr__(self) -> str:
         return (
             f"RolloutSampler(mix={self.mix}, granularity={self.granularity!r}, "
             f"max_new_tokens={self.max_new_tokens}, temperature={self.temperature}, top_k={self.top_k}, "
-            f"top_p={self.top_p}, speculative_top_k={self.speculative_top_k})"
+            f"top_p={self.top_p}, speculative_top_k={self.speculative_top_k}, engine={self.engine!r})"
         )
 
     def sample(
@@ -273,6 +323,7 @@ class RolloutSampler:
         seed: int | None = None,
         teacher_input_ids: Tensor | None = None,
         teacher_attention_mask: Tensor | None = None,
+        step: int | None = None,
     ) -> RolloutBatch:
         """Roll out a left-padded prompt batch (`input_ids`, `attention_mask`: `[B, P]`).
 
@@ -293,12 +344,17 @@ class RolloutSampler:
 
         Both models run under `torch.no_grad()` in eval mode, and get their previous modes back.
         The models must be on the device of `input_ids`.
+
+        `step`: the optimiser step the student's weights are at; with the vLLM engine, it decides
+        when they are loaded into the student's engine again (`VLLMSettings.sync_every`; None:
+        whenever they changed).
         """
         start = time.perf_counter()
         check_left_padded(input_ids, attention_mask)
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be None or an integer, got {seed!r}")
         call = self._prepare(student, teacher, input_ids, attention_mask, generator, seed)
+        call.step = step
         if (teacher_input_ids is None) != (teacher_attention_mask is None):
             raise ValueError("teacher_input_ids and teacher_attention_mask must be given together")
         if teacher_input_ids is not None:
@@ -331,6 +387,8 @@ class RolloutSampler:
             "pad": pad_id,
             "vocab_size": vocab,
         }
+        if self.engine != "native":  # another sampler: other tokens for the same row seed
+            settings["engine"] = self.engine
         mask = attention_mask.long()
         prompts = unpadded(input_ids, mask)
         seen: dict[tuple[int, ...], int] = {}

@@ -1,0 +1,214 @@
+"""The vLLM engine (`engine="vllm"`) against the native decoder, on tiny world v3's committed teacher
+and student (tied embeddings, embeddings padded past the tokenizer, 112 and 128 rows; the quick
+world's head size of 16 is one vLLM's CPU attention does not support): greedy rows token for token,
+teacher rows and the teacher-only context routed to the teacher's engine, seeded rows reproducible
+and independent of their batch-mates, sampled tokens from the same filtered distribution, and the
+student's engine loaded with its weights as they train. One engine per model for the module (an
+engine starts in 15-25 s). The refusals need no vLLM."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from distill.rollout import RolloutSampler
+from distill.rollout.vllm_engine import Engines, VLLMSettings
+
+SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=256, enforce_eager=True)
+
+
+def test_token_and_speculative_granularity_refuse_the_vllm_engine():
+    for granularity in ("token", "speculative"):
+        with pytest.raises(ValueError, match=f"granularity '{granularity}' steps both models together"):
+            RolloutSampler(mix=0.5, granularity=granularity, engine="vllm")
+    with pytest.raises(ValueError, match="engine must be one of native, vllm; got 'sglang'"):
+        RolloutSampler(mix=0.5, engine="sglang")
+
+
+def test_the_vllm_engine_without_vllm_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(
+        ValueError, match=r"^engine vllm needs vLLM, which cannot be imported .*pip install vllm"
+    ):
+        RolloutSampler(mix=0.0, engine="vllm")
+
+
+def test_a_data_module_names_the_field_it_refuses():
+    from distill.data import RolloutDataModule
+
+    with pytest.raises(ValueError, match=r"^data\.engine vllm writes whole rows"):
+        RolloutDataModule(granularity="token", engine="vllm")
+    with pytest.raises(ValueError, match=r"^data\.vllm\.sync_every must be"):
+        RolloutDataModule(vllm={"sync_every": 0})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(student, teacher, tokenizer, prompts): tiny world v3's committed models and 12 Countdown
+    prompts."""
+    pytest.importorskip("vllm")
+    from transformers import AutoModelForCausalLM
+
+    from distill.data.prompts import PromptCollator
+    from distill.models.loading import load_tokenizer
+    from distill.models.tiny_world import committed_build
+    from distill.models.tiny_world_recipes import V3
+    from distill.tasks.registry import get_task
+
+    world = committed_build(V3)
+    tokenizer = load_tokenizer(str(world / "student"))
+    student = AutoModelForCausalLM.from_pretrained(world / "student").eval()
+    teacher = AutoModelForCausalLM.from_pretrained(world / "teacher").eval()
+    prompts = PromptCollator(tokenizer, False)(get_task("countdown3").rows(12, seed=3))
+    return student, teacher, tokenizer, prompts
+
+
+@pytest.fixture(scope="module")
+def engines(pair):
+    """The module's engines (student and teacher), shared by every vLLM sampler below."""
+    shared = Engines(SETTINGS)
+    yield shared
+    shared.close()
+
+
+def samplers(engines, tokenizer, **settings):
+    """(native, vllm) samplers of the same settings; the vLLM one on the module's engines."""
+    native = RolloutSampler(**settings).use_tokenizer(tokenizer)
+    vllm = RolloutSampler(**settings, engine="vllm", vllm=SETTINGS).use_tokenizer(tokenizer)
+    vllm.engines = engines
+    return native, vllm
+
+
+def same_batch(a, b):
+    for name in ("input_ids", "attention_mask", "completion_mask", "teacher_token_mask"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    for name in ("student_generated_tokens", "teacher_generated_tokens", "truncated_rows"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert (a.student_forward_tokens, a.teacher_forward_tokens) == (
+        b.student_forward_tokens,
+        b.teacher_forward_tokens,
+    )
+
+
+def test_greedy_rows_are_the_native_decoders_token_for_token(pair, engines):
+    """Half the rows by the teacher, which reads a prompt of its own (a teacher-only context)."""
+    student, teacher, tokenizer, prompts = pair
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    rows = [row[:3] + row for row in rows]  # the teacher's own, longer prompt
+    width = max(map(len, rows))
+    own = (
+        torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows]),
+        torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]),
+    )
+    native, vllm = samplers(
+        engines, tokenizer, mix=0.5, granularity="sequence", temperature=0.0, max_new_tokens=40
+    )
+    a = native.sample(
+        student, teacher, ids, mask, seed=0, teacher_input_ids=own[0], teacher_attention_mask=own[1]
+    )
+    b = vllm.sample(
+        student, teacher, ids, mask, seed=0, teacher_input_ids=own[0], teacher_attention_mask=own[1]
+    )
+    same_batch(a, b)
+    assert torch.equal(a.teacher_input_ids, b.teacher_input_ids)
+    assert 0 < b.teacher_generated_tokens < int(b.completion_mask.sum())  # both engines wrote rows
+    assert b.policy_lag == 0 and a.policy_lag is None
+
+
+def test_seeded_rows_repeat_and_do_not_depend_on_their_batch_mates(pair, engines):
+    student, teacher, tokenizer, prompts = pair
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    _, vllm = samplers(engines, tokenizer, mix=0.0, temperature=1.0, max_new_tokens=24)
+    first = vllm.sample(student, teacher, ids, mask, seed=5)
+    again = vllm.sample(student, teacher, ids, mask, seed=5)
+    other = vllm.sample(student, teacher, ids, mask, seed=6)
+    assert torch.equal(first.input_ids, again.input_ids)
+    assert not torch.equal(first.input_ids, other.input_ids)
+    alone = vllm.sample(
+        student, teacher, ids[:1, -int(mask[0].sum()) :], mask[:1, -int(mask[0].sum()) :], seed=5
+    )
+    written = first.input_ids[0][first.completion_mask[0]]
+    assert torch.equal(alone.input_ids[0][alone.completion_mask[0]], written)
+
+
+def test_sampled_tokens_follow_the_filtered_distribution(pair, engines):
+    """3000 first tokens of one prompt at temperature 0.8, top-k 6, top-p 0.95, from each engine,
+    against the filtered distribution computed here from the student's logits: total variation
+    within 0.05 each (at 3000 draws over at most 6 tokens the sampling error is about 0.02)."""
+    student, teacher, tokenizer, prompts = pair
+    n = int(prompts["attention_mask"][0].sum())
+    prompt = prompts["input_ids"][:1, -n:]
+    ids, mask = prompt.repeat(3000, 1), torch.ones(3000, n, dtype=torch.long)
+    settings = dict(mix=0.0, temperature=0.8, top_k=6, top_p=0.95, max_new_tokens=1)
+    native, vllm = samplers(engines, tokenizer, **settings)
+    vocab = len(tokenizer)
+    with torch.no_grad():
+        logits = student(prompt).logits[0, -1, :vocab].double() / 0.8
+    kept = logits.topk(6).indices
+    probs = torch.zeros(vocab, dtype=torch.float64)
+    p = logits[kept].softmax(-1)
+    order = p.argsort(descending=True)
+    cum = p[order].cumsum(0)
+    nucleus = order[: int((cum < 0.95).sum()) + 1]  # the smallest top set holding 0.95
+    probs[kept[nucleus]] = p[nucleus] / p[nucleus].sum()
+    for sampler in (native, vllm):
+        first = sampler.sample(student, teacher, ids, mask, seed=11).input_ids[:, n]
+        freq = torch.bincount(first, minlength=vocab).double() / len(first)
+        assert 0.5 * float((freq - probs).abs().sum()) < 0.05, sampler.engine
+
+
+def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
+    """After each AdamW step the next rollout loads the new weights (or, with sync_every 3, every
+    third, the lag logged between); after 20 steps the engine's log-probs of its samples are the
+    trained student's own, recomputed here in float32, within 1e-4."""
+    from dataclasses import replace
+
+    student, teacher, tokenizer, prompts = pair
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    _, vllm = samplers(engines, tokenizer, mix=0.0, temperature=1.0, max_new_tokens=16)
+    optimiser = torch.optim.AdamW(student.parameters(), lr=3e-3)
+    lags = []
+    for step in range(20):
+        engines.settings = replace(SETTINGS, sync_every=1 if step < 14 else 3)
+        rollout = vllm.sample(student, teacher, ids, mask, seed=step, step=step)
+        lags.append(rollout.policy_lag)
+        if step == 0:  # the engine holds step 0's weights from here on
+            loaded = engines.syncs
+        student.train()
+        logits = student(rollout.input_ids, attention_mask=rollout.attention_mask).logits[:, :-1]
+        target = rollout.input_ids[:, 1:]
+        loss = torch.nn.functional.cross_entropy(
+            logits[rollout.completion_mask[:, 1:]], target[rollout.completion_mask[:, 1:]]
+        )
+        loss.backward()
+        optimiser.step()
+        optimiser.zero_grad()
+        student.eval()
+    engines.settings = SETTINGS
+    assert lags == [0] * 14 + [1, 2, 0, 1, 2, 0]  # from step 14, loaded at steps 16 and 19 only
+    assert engines.syncs - loaded == 13 + 2  # steps 1-13, 16 and 19
+    prompt = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    engine, lag = engines.student(student, None)  # loads step 20's weights: the steps since changed them
+    assert lag == 0
+    rows, logprobs = engine.generate(
+        prompt,
+        list(range(len(prompt))),
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        max_new_tokens=16,
+        eos_ids=[tokenizer.eos_token_id],
+        vocab=len(tokenizer),
+        logprobs=True,
+    )
+    worst = 0.0
+    with torch.no_grad():
+        for p, row, lp in zip(prompt, rows, logprobs):
+            full = torch.tensor([p + row])
+            own = student(full).logits[0, len(p) - 1 : -1, : len(tokenizer)].float().log_softmax(-1)
+            mine = own.gather(-1, torch.tensor(row)[:, None])[:, 0]
+            worst = max(worst, float((mine - torch.tensor(lp)).abs().max()))
+    assert worst <= 1e-4, worst
