@@ -160,46 +160,43 @@ def test_sampled_tokens_follow_the_filtered_distribution(pair, engines):
         assert 0.5 * float((freq - probs).abs().sum()) < 0.05, sampler.engine
 
 
-def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
-    """After each AdamW step the next rollout loads the new weights (or, with sync_every 3, every
-    third, the lag logged between); after 20 steps the engine's log-probs of its samples are the
-    trained student's own, recomputed here in float32, within 1e-4."""
+def twenty_steps(student, tokenizer, prompts, engines, new_tokens: int, lr: float) -> tuple[list, int, float]:
+    """20 AdamW steps of `student` on its own vLLM rollouts (cross-entropy on the completions),
+    loading its weights every step, then from step 14 every third (`sync_every` 3). Returns the
+    rollouts' logged lags, how many loads followed step 0's, and the largest gap between the engine's
+    log-probs of fresh samples after the last step and the trained student's own, in float32."""
     from dataclasses import replace
 
-    student, teacher, tokenizer, prompts = pair
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
-    _, vllm = samplers(engines, tokenizer, mix=0.0, temperature=1.0, max_new_tokens=16)
-    optimiser = torch.optim.AdamW(student.parameters(), lr=3e-3)
-    lags = []
+    _, vllm = samplers(engines, tokenizer, mix=0.0, temperature=1.0, max_new_tokens=new_tokens)
+    optimiser = torch.optim.AdamW(student.parameters(), lr=lr)
+    settings, lags = engines.settings, []
     for step in range(20):
-        engines.settings = replace(SETTINGS, sync_every=1 if step < 14 else 3)
-        rollout = vllm.sample(student, teacher, ids, mask, seed=step, step=step)
+        engines.settings = replace(settings, sync_every=1 if step < 14 else 3)
+        rollout = vllm.sample(student, student, ids, mask, seed=step, step=step)
         lags.append(rollout.policy_lag)
         if step == 0:  # the engine holds step 0's weights from here on
             loaded = engines.syncs
         student.train()
         logits = student(rollout.input_ids, attention_mask=rollout.attention_mask).logits[:, :-1]
-        target = rollout.input_ids[:, 1:]
-        loss = torch.nn.functional.cross_entropy(
-            logits[rollout.completion_mask[:, 1:]], target[rollout.completion_mask[:, 1:]]
-        )
+        written = rollout.completion_mask[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits[written], rollout.input_ids[:, 1:][written])
         loss.backward()
         optimiser.step()
         optimiser.zero_grad()
         student.eval()
-    engines.settings = SETTINGS
-    assert lags == [0] * 14 + [1, 2, 0, 1, 2, 0]  # from step 14, loaded at steps 16 and 19 only
-    assert engines.syncs - loaded == 13 + 2  # steps 1-13, 16 and 19
-    prompt = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-    engine, lag = engines.student(student, None)  # loads step 20's weights: the steps since changed them
+    engines.settings = settings
+    loads = engines.syncs - loaded
+    engine, lag = engines.student(student, None)  # loads step 20's weights: the last step changed them
     assert lag == 0
+    prompt = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     rows, logprobs = engine.generate(
         prompt,
         list(range(len(prompt))),
         temperature=1.0,
         top_k=None,
         top_p=None,
-        max_new_tokens=16,
+        max_new_tokens=new_tokens,
         eos_ids=[tokenizer.eos_token_id],
         vocab=len(tokenizer),
         logprobs=True,
@@ -207,8 +204,44 @@ def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
     worst = 0.0
     with torch.no_grad():
         for p, row, lp in zip(prompt, rows, logprobs):
-            full = torch.tensor([p + row])
-            own = student(full).logits[0, len(p) - 1 : -1, : len(tokenizer)].float().log_softmax(-1)
-            mine = own.gather(-1, torch.tensor(row)[:, None])[:, 0]
+            own = student(torch.tensor([p + row])).logits[0, len(p) - 1 : -1, : len(tokenizer)]
+            mine = own.float().log_softmax(-1).gather(-1, torch.tensor(row)[:, None])[:, 0]
             worst = max(worst, float((mine - torch.tensor(lp)).abs().max()))
+    return lags, loads, worst
+
+
+def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
+    """After each AdamW step the next rollout loads the new weights (or, with sync_every 3, every
+    third, the lag logged between); after 20 steps the engine's log-probs of its samples are the
+    trained student's own, recomputed here in float32, within 1e-4."""
+    student, _, tokenizer, prompts = pair
+    lags, loads, worst = twenty_steps(student, tokenizer, prompts, engines, new_tokens=16, lr=3e-3)
+    assert lags == [0] * 14 + [1, 2, 0, 1, 2, 0]  # from step 14, loaded at steps 16 and 19 only
+    assert loads == 13 + 2  # steps 1-13, 16 and 19
+    assert worst <= 1e-4, worst
+
+
+@pytest.mark.slow
+def test_smollm2_s_engine_follows_twenty_optimiser_steps():
+    """The same on SmolLM2-135M (`real:smollm2`, float32, tied embeddings: the reload must repack
+    the CPU backend's LM head, or its logits stay the old weights'), two chat prompts of 8 new
+    tokens a step: its own engine (about 30 s to start) and about two minutes of this CPU."""
+    pytest.importorskip("vllm")
+    from transformers import AutoModelForCausalLM
+
+    from distill.data.prompts import PromptCollator
+    from distill.models import real
+    from distill.models.loading import load_tokenizer
+    from distill.tasks.registry import get_task
+
+    path = real.resolve("real:smollm2")
+    tokenizer = load_tokenizer(path)
+    student = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = PromptCollator(tokenizer, True)(get_task("countdown3").rows(2, seed=3))
+    engines = Engines(VLLMSettings(kv_cache_gb=0.5, max_model_len=512, enforce_eager=True))
+    try:
+        lags, loads, worst = twenty_steps(student, tokenizer, prompts, engines, new_tokens=8, lr=1e-4)
+    finally:
+        engines.close()
+    assert lags == [0] * 14 + [1, 2, 0, 1, 2, 0] and loads == 13 + 2
     assert worst <= 1e-4, worst
