@@ -112,7 +112,7 @@ def cores():
     """The session's `Cores` (one per CPU core)."""
     pool = Cores(os.cpu_count() or 1)
     yield pool
-    pool.pool.shutdown(wait=True)
+    pool.pool.shutdown(wait=True, cancel_futures=True)  # jobs of tests that never ran need not start
 
 
 def _phase(item) -> int:
@@ -139,17 +139,30 @@ def _cores_of_the_test(request, cores):
         torch.set_num_threads(1)  # a tiny-world build sets its recipe's two threads
         return
     if not cores.started:
-        cores.started = True
         start_early(request, cores)
     yield
+
+
+@pytest.fixture(scope="session")
+def early(request, cores):
+    """`early(name)`: the `Job` a module's `early_jobs` named. The early jobs start at the first test
+    that is not a `cores` test, or here, if a module-scoped fixture asks for one before that."""
+
+    def job(name: str):
+        if not cores.started:
+            start_early(request, cores)
+        return cores.jobs[name]
+
+    return job
 
 
 def start_early(request, cores) -> None:
     """Starts the slow fits of the selected tests: a test module's
     `early_jobs(request, selected) -> {name: (command or callable, cores, subprocess kwargs)}`
-    names them, and its tests read `cores.jobs[name]` (with `Cores.result`). One-core jobs go
+    names them, and its tests read them with the `early` fixture. One-core jobs go
     first (they run beside the in-process tests), then those that need both cores (they run when
     the main thread waits)."""
+    cores.started = True
     selected: dict = {}
     for item in request.session.items:
         selected.setdefault(item.module, []).append(item.name)

@@ -229,19 +229,21 @@ def early_jobs(request, selected: set[str]) -> dict:
 
 
 @pytest.mark.slow
-def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(quick_world, cores, monkeypatch):
+def test_a_resumed_run_continues_each_loggers_run_without_a_step_twice(
+    quick_world, cores, early, monkeypatch
+):
     """Killed after step 5 and resumed from step 3's checkpoint, each logger holds what it holds
     after an uninterrupted run: every figure at the same steps (none twice), the same values
     (wall-clock figures aside), in the same MLflow run and CSV version as before the kill."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this process reads the store too
+    done = early("loggers/reference").result()
     tmp_path = SESSION["where"]
-    done = cores.jobs["loggers/reference"].result()
     assert done.returncode == 0, done.stderr[-2000:]
     reference_id = assert_each_logger_has_the_run(tmp_path / "reference" / "run", tmp_path / "reference")
     reference = csv_curves(tmp_path / "reference")
 
     where, run = tmp_path / "killed", tmp_path / "killed" / "run"
-    killed = cores.jobs["loggers/killed"].result()
+    killed = early("loggers/killed").result()
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_id = json.loads((run / "loggers.json").read_text())[1]["version"]
     sent = csv_curves(where)

@@ -269,22 +269,23 @@ def early_jobs(request, selected: set[str]) -> dict:
     return jobs
 
 
-def first(cores, name: str) -> tuple[Path, subprocess.CompletedProcess]:
+def first(early, name: str) -> tuple[Path, subprocess.CompletedProcess]:
     """A FIRST fit's run directory and process, once it has ended."""
-    return SESSION["runs"][name], cores.result(cores.jobs[f"kill_resume/{name}"])
+    job = early(f"kill_resume/{name}")
+    return SESSION["runs"][name], job.result()
 
 
 @pytest.fixture(scope="module")
-def reference(cores) -> dict:
+def reference(early) -> dict:
     """The uninterrupted run's figures, fitted once for every test that compares against it."""
-    run, done = first(cores, "reference")
+    run, done = first(early, "reference")
     assert done.returncode == 0, done.stderr[-2000:]
     return untimed(run)
 
 
 @pytest.mark.slow
-def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(cores, env, reference, refusal):
-    run, killed = first(cores, "killed_at_5")
+def test_killed_mid_training_resumes_to_the_uninterrupted_metrics(cores, early, env, reference, refusal):
+    run, killed = first(early, "killed_at_5")
     assert killed.returncode == -signal.SIGKILL
     assert not (run / "metrics.json").exists()
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
@@ -316,11 +317,13 @@ def status(run: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly(cores, env, reference):
+def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exactly(
+    cores, early, env, reference
+):
     """SIGTERM after step 5 (checkpoints every 2 steps): the fit writes step 5's checkpoint, an
     `interrupted` status record that says so, and exits 143; `--ckpt_path last` ends with every
     figure of the uninterrupted run."""
-    run, stopped = first(cores, "sigterm_at_5")
+    run, stopped = first(early, "sigterm_at_5")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     record = status(run)
     assert (record["state"], record["rank"], record["step"]) == ("interrupted", 0, 5)
@@ -339,10 +342,10 @@ def test_sigterm_stops_at_the_end_of_that_step_with_a_checkpoint_and_resumes_exa
 
 
 @pytest.mark.slow
-def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, env, reference):
+def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, early, env, reference):
     """The checkpoint of step 8 closes epoch 0 (8 batches): the resumed run must start epoch 1 at
     its first batch, not replay or skip it."""
-    run, killed = first(cores, "killed_at_9")
+    run, killed = first(early, "killed_at_9")
     assert killed.returncode == -signal.SIGKILL
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     assert ckpt["global_step"] == 8 and ckpt["RolloutDataModule"]["position"] == {"epoch": 0, "batches": 8}
@@ -352,8 +355,8 @@ def test_killed_right_after_an_epoch_ends_resumes_into_the_next(cores, env, refe
 
 
 @pytest.mark.slow
-def test_killed_while_testing_resumes_with_its_training_figures(cores, env, reference):
-    run, killed = first(cores, "killed_in_test")
+def test_killed_while_testing_resumes_with_its_training_figures(cores, early, env, reference):
+    run, killed = first(early, "killed_in_test")
     assert killed.returncode == -signal.SIGKILL and not (run / "metrics.json").exists()
     resumed = fit(cores, run, env, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -363,13 +366,13 @@ def test_killed_while_testing_resumes_with_its_training_figures(cores, env, refe
 
 
 @pytest.mark.slow
-def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, env, reference):
+def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, early, env, reference):
     """2 FSDP2 ranks, killed after step 5 and resumed from step 4's checkpoint (each rank's reused
     rollout batch restored: `reuse_by_rank`), report every figure of the uninterrupted single
     process to float32 summation order (ranks sum tokens in another order: measured 2e-7
     relative at most; a rank's reused batch restored from the wrong rank gave 4e-3, rank-local
     token counts a factor 2). The exported student is the whole, gathered model."""
-    run, killed = first(cores, "fsdp_killed_at_5")
+    run, killed = first(early, "fsdp_killed_at_5")
     assert killed.returncode == -signal.SIGKILL
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     by_rank = ckpt["RolloutDataModule"]["reuse_by_rank"]
@@ -392,12 +395,12 @@ def test_fsdp_ranks_killed_and_resumed_report_what_one_process_reports(cores, en
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(cores):
+def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(early):
     """Two FSDP ranks; rank 1 gets SIGTERM in the validation after step 6 and stays busy 5 s (a
     compile), while rank 0 runs on into the evaluation's all-reduce. Nothing deadlocks (Lightning's
     own handler, which broadcasts from inside the handler, did): both ranks finish the evaluation
     and step 7, agree there, write step 7's checkpoint and exit."""
-    run, stopped = first(cores, "busy_in_validation")
+    run, stopped = first(early, "busy_in_validation")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "distill: rank 1 received SIGTERM; stopping at the end of this step" in stopped.stderr
     record = status(run)
@@ -408,10 +411,10 @@ def test_sigterm_to_a_rank_busy_in_validation_stops_both_ranks_at_the_next_step(
 
 
 @pytest.mark.slow
-def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(cores):
+def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(early):
     """Rank 1 gets SIGTERM after step 3 and stays busy 120 s; with a 3 s grace every process is
     gone within seconds, and the record names the checkpoint a resume starts from (step 2's)."""
-    run, stopped = first(cores, "watchdog")
+    run, stopped = first(early, "watchdog")
     assert stopped.seconds < 100  # the stall alone would be 120 s (start-up included)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     record = status(run)
@@ -421,9 +424,9 @@ def test_a_rank_that_cannot_reach_a_step_end_is_stopped_by_its_watchdog(cores):
 
 
 @pytest.fixture(scope="module")
-def killed_at_3(cores) -> Path:
+def killed_at_3(early) -> Path:
     """A run killed after step 3, fitted once; each test that resumes it resumes its own copy."""
-    run, killed = first(cores, "killed_at_3")
+    run, killed = first(early, "killed_at_3")
     assert killed.returncode == -signal.SIGKILL
     return run
 
@@ -550,8 +553,8 @@ def strict_json(path: Path) -> dict:
     ],
     ids=["mix0", "mix1"],
 )
-def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, cores):
-    run, done = first(cores, f"nan_mix{mix}")
+def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, early):
+    run, done = first(early, f"nan_mix{mix}")
     assert done.returncode == 3, done.stderr[-2000:]
     assert (
         done.stderr.strip().splitlines()[-1]
@@ -571,10 +574,10 @@ def test_nan_weights_end_the_run_diverged_with_a_clean_checkpoint(mix, reason, c
 
 
 @pytest.mark.slow
-def test_infinite_gradients_are_skipped_then_stop_the_run(cores):
+def test_infinite_gradients_are_skipped_then_stop_the_run(early):
     """A vanishing divergence temperature makes every gradient norm infinite: no update is taken
     (the weights stay those of the start) and the run stops after `max_nonfinite_steps`."""
-    run, done = first(cores, "infinite_gradients")
+    run, done = first(early, "infinite_gradients")
     assert done.returncode == 3, done.stderr[-2000:]
     record = strict_json(run / "metrics.json")
     assert record["status"] == "diverged"
@@ -585,8 +588,8 @@ def test_infinite_gradients_are_skipped_then_stop_the_run(cores):
 
 
 @pytest.mark.slow
-def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(cores, env, reference):
-    tmp_path, killed = first(cores, "killed_sweep")
+def test_sweep_resumes_a_killed_fit_and_refuses_a_second_sweep(cores, early, env, reference):
+    tmp_path, killed = first(early, "killed_sweep")
     sweep = sweep_command(tmp_path, env)
     assert killed.returncode == 1 and "FAILED" in killed.stdout + killed.stderr
     (run,) = [p for p in (tmp_path / "sweep").iterdir() if (p / "settings.json").exists()]

@@ -147,9 +147,9 @@ def sweep_rerun_grpo_report(where: Path, env: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def swept(cores) -> dict:
+def swept(early) -> dict:
     """The pipeline's processes and outputs (`sweep_rerun_grpo_report`), started early."""
-    return cores.result(cores.jobs["real_pipeline"])
+    return early("real_pipeline").result()
 
 
 def test_a_sweep_of_the_real_pair_stops_resumes_and_reports(swept):
