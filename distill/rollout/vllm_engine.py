@@ -145,7 +145,7 @@ class VLLMEngine:
 
             longest = settings.max_model_len or AutoConfig.from_pretrained(path).max_position_embeddings
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(longest, 8192))
-        self.path, self.settings = path, settings
+        self.settings = settings
         self.llm = LLM(**kwargs)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.asleep = False

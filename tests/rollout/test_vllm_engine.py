@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from distill.rollout import RolloutSampler
+from distill.rollout.call import unpadded
 from distill.rollout.vllm_engine import Engines, VLLMSettings
 
 SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=256, enforce_eager=True)
@@ -96,7 +97,7 @@ def test_greedy_rows_are_the_native_decoders_token_for_token(pair, engines):
     """Half the rows by the teacher, which reads a prompt of its own (a teacher-only context)."""
     student, teacher, tokenizer, prompts = pair
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
-    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    rows = unpadded(ids, mask)
     rows = [row[:3] + row for row in rows]  # the teacher's own, longer prompt
     width = max(map(len, rows))
     own = (
@@ -189,7 +190,7 @@ def twenty_steps(student, tokenizer, prompts, engines, new_tokens: int, lr: floa
     loads = engines.syncs - loaded
     engine, lag = engines.student(student, None)  # loads step 20's weights: the last step changed them
     assert lag == 0
-    prompt = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    prompt = unpadded(ids, mask)
     rows, logprobs = engine.generate(
         prompt,
         list(range(len(prompt))),
