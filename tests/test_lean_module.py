@@ -138,7 +138,7 @@ def test_gradient_checkpointing_gives_the_same_step(pair):
     rollout = _rollout(seed=5)
     plain = _step(_module(pair), rollout)
     checkpointed_module = _module(pair, execution={"gradient_checkpointing": True})
-    assert checkpointed_module.student.is_activation_checkpointing
+    assert any(getattr(m, "gradient_checkpointing", False) for m in checkpointed_module.student.modules())
     checkpointed = _step(checkpointed_module, rollout)
     for a, b in zip(plain[2], checkpointed[2]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)

@@ -288,7 +288,7 @@ class RolloutSampler:
                 f"{granularity!r} steps both models together, which only the native engine does"
             )
         if engine == "vllm":
-            check_installed()
+            check_installed(vllm or VLLMSettings())
         if cache_dir is None:
             cache_dir = os.environ.get(CACHE_ENV) or None
         self.mix = float(mix)

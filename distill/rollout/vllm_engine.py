@@ -19,10 +19,14 @@ the engine process as Python lists.
 
 from __future__ import annotations
 
+import gc
 import os
+import random
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +38,9 @@ INSTALL = (
     "pip uninstall -y torchvision torchaudio torchcodec (docs/vllm.md)"
 )
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"  # 0: the engine core runs in the caller's process
+_OPEN_IN_PROCESS: list = []  # the in-process engines started here (`VLLMEngine.close`)
+_CLOSED_IN_PROCESS: list = []
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,10 @@ class VLLMSettings:
         dtype: the engines' weights: "auto" takes each model's own parameter dtype (float32
             students decode in float32, as the native decoder does outside autocast).
         enforce_eager: no CUDA graphs (a faster start, a slower decode).
+        in_process: run each engine inside the training process (vLLM's uniprocess executor, no
+            engine-core or worker process): it starts in seconds rather than about 15 s on a CPU,
+            and on a CPU it decodes with the trainer's own threads. One process only: under
+            several ranks each engine keeps processes of its own.
     """
 
     sync_every: int = 1
@@ -68,6 +79,7 @@ class VLLMSettings:
     max_model_len: int | None = None
     dtype: str = "auto"
     enforce_eager: bool = False
+    in_process: bool = False
 
     def __post_init__(self):
         check_int("data.vllm.sync_every", self.sync_every, 1)
@@ -87,12 +99,93 @@ class VLLMSettings:
             )
 
 
-def check_installed() -> None:
-    """Fail in one line, before any model loads, when vLLM cannot be imported."""
+def check_installed(settings: VLLMSettings) -> None:
+    """Fail in one line, before any model loads, when vLLM cannot be imported or `settings` ask for
+    what this machine lacks."""
     try:
         import vllm  # noqa: F401
     except ImportError as err:
         raise ValueError(f"engine vllm needs vLLM, which cannot be imported ({err}): {INSTALL}") from None
+    if settings.sleep and not torch.cuda.is_available():
+        raise ValueError(
+            "data.vllm.sleep is vLLM's sleep mode, which frees GPU memory; this machine has no GPU "
+            "(vLLM's CPU backend ignores it): set data.vllm.sleep false"
+        )
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def engine_devices(tensor_parallel_size: int) -> str | None:
+    """The `CUDA_VISIBLE_DEVICES` an engine started from this process gets: the `tensor_parallel_size`
+    GPUs from this process's current one on (under DDP, each rank's engines on the rank's own GPU;
+    vLLM's workers take the first visible GPUs). None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = (
+        [d.strip() for d in visible.split(",")]
+        if visible
+        else [str(i) for i in range(torch.cuda.device_count())]
+    )
+    first = torch.cuda.current_device()
+    chosen = ids[first : first + tensor_parallel_size]
+    if len(chosen) < tensor_parallel_size:
+        raise ValueError(
+            f"data.vllm.tensor_parallel_size {tensor_parallel_size} needs GPUs {first} to "
+            f"{first + tensor_parallel_size - 1}, but this process sees {len(ids)}"
+        )
+    return ",".join(chosen)
+
+
+@contextmanager
+def _starting(settings: VLLMSettings):
+    """Where an engine starts. In its own processes: on this rank's GPUs. In this process (`in_process`):
+    vLLM's engine reseeds the global generators, replaces `torch.set_num_threads` with a no-op, sets
+    `LOCAL_WORLD_SIZE` and freezes the garbage collector's objects (`gc.freeze`); the trainer gets
+    all four back, so that starting an engine changes neither the run's random streams nor its
+    threading, and the trainer's garbage stays collectable."""
+    world = _world_size()
+    if world > 1 and settings.in_process:
+        raise ValueError(
+            f"data.vllm.in_process runs vLLM's own process group inside the trainer, which already has "
+            f"one of {world} ranks: set data.vllm.in_process false (each rank's engines then run in "
+            "processes of their own)"
+        )
+    if world > 1 and settings.tensor_parallel_size > 1:
+        raise ValueError(
+            f"data.vllm.tensor_parallel_size {settings.tensor_parallel_size} under {world} ranks: each "
+            "rank starts its own engines on its own GPU; shard a teacher over several GPUs from one "
+            "process (or set tensor_parallel_size 1)"
+        )
+    saved_env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", _MULTIPROCESSING)}
+    set_num_threads = torch.set_num_threads
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        if settings.in_process:
+            os.environ[_MULTIPROCESSING] = "0"
+        else:
+            devices = engine_devices(settings.tensor_parallel_size)
+            if devices is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = devices
+        yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads = set_num_threads
+        if settings.in_process:
+            gc.unfreeze()
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def weights_version(model: nn.Module) -> int:
@@ -116,7 +209,7 @@ class VLLMEngine:
     """One vLLM engine holding one model (`path`), with distill's weight loader in its workers."""
 
     def __init__(self, path: str, dtype: torch.dtype, settings: VLLMSettings, seed: int = 0):
-        check_installed()
+        check_installed(settings)
         from vllm import LLM
 
         kwargs = dict(
@@ -137,6 +230,8 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_gb * 2**30)
         if settings.max_model_len is not None:
             kwargs["max_model_len"] = settings.max_model_len
+        if settings.in_process:
+            kwargs["distributed_executor_backend"] = "uni"
         if not torch.cuda.is_available():
             # vLLM 0.32's CPU backend fails when a seeded request's prefill is split over engine
             # steps (it rewinds the request's generator by an offset, which CPU generators lack:
@@ -146,7 +241,10 @@ class VLLMEngine:
             longest = settings.max_model_len or AutoConfig.from_pretrained(path).max_position_embeddings
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(longest, 8192))
         self.settings = settings
-        self.llm = LLM(**kwargs)
+        with _starting(settings):
+            self.llm = LLM(**kwargs)
+        if settings.in_process:
+            _OPEN_IN_PROCESS.append(self)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.asleep = False
 
@@ -230,11 +328,22 @@ class VLLMEngine:
             self.asleep = False
 
     def close(self) -> None:
-        """End the engine's processes."""
-        engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        """End the engine's processes. In-process engines share vLLM's process-wide state (its
+        process group, its model-parallel groups), which a shutdown tears down: they shut down
+        together, when the last one open in this process closes."""
+        if self.settings.in_process:
+            _CLOSED_IN_PROCESS.append(self)
+            if any(engine not in _CLOSED_IN_PROCESS for engine in _OPEN_IN_PROCESS):
+                return
+            closing = list(_CLOSED_IN_PROCESS)
+            _OPEN_IN_PROCESS.clear()
+            _CLOSED_IN_PROCESS.clear()
+        else:
+            closing = [self]
+        for engine in closing:
+            core = getattr(getattr(engine.llm, "llm_engine", None), "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
 
 
 class Engines:

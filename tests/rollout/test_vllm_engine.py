@@ -17,7 +17,9 @@ from distill.rollout import RolloutSampler
 from distill.rollout.call import unpadded
 from distill.rollout.vllm_engine import Engines, VLLMSettings
 
-SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=256, enforce_eager=True)
+# In the test process: an engine starts in about 2 s, not 15 (the fits below start theirs in processes
+# of their own, the default).
+SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=256, enforce_eager=True, in_process=True)
 
 
 def test_token_and_speculative_granularity_refuse_the_vllm_engine():
@@ -43,6 +45,43 @@ def test_a_data_module_names_the_field_it_refuses():
         RolloutDataModule(granularity="token", engine="vllm")
     with pytest.raises(ValueError, match=r"^data\.vllm\.sync_every must be"):
         RolloutDataModule(vllm={"sync_every": 0})
+
+
+def test_settings_this_machine_cannot_honour_are_refused_in_one_line(monkeypatch):
+    import types
+
+    from distill.rollout import vllm_engine
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # installed, as far as it matters
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^data\.vllm\.sleep is vLLM's sleep mode.*no GPU"):
+        RolloutSampler(mix=0.0, engine="vllm", vllm=VLLMSettings(sleep=True))
+    RolloutSampler(mix=0.0, engine="vllm", vllm=VLLMSettings())  # the rest is allowed
+    monkeypatch.setattr(vllm_engine, "_world_size", lambda: 4)  # under 4 ranks
+    with pytest.raises(ValueError, match=r"^data\.vllm\.in_process .* one of 4 ranks"):
+        with vllm_engine._starting(VLLMSettings(in_process=True)):
+            pass
+    with pytest.raises(ValueError, match=r"^data\.vllm\.tensor_parallel_size 2 under 4 ranks"):
+        with vllm_engine._starting(VLLMSettings(tensor_parallel_size=2)):
+            pass
+
+
+def test_each_rank_s_engine_sees_the_rank_s_own_gpus(monkeypatch):
+    from distill.rollout.vllm_engine import engine_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)  # rank 2 of a 4-GPU node
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert engine_devices(1) == "2" and engine_devices(2) == "2,3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the job's share of an 8-GPU node
+    assert engine_devices(1) == "6"
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size 3 needs GPUs 2 to 4, but this process sees 4"
+    ):
+        engine_devices(3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert engine_devices(1) is None
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +158,31 @@ def test_greedy_rows_are_the_native_decoders_token_for_token(pair, engines):
     assert b.policy_lag == 0 and a.policy_lag is None
 
 
+def test_an_engine_started_in_the_trainers_process_leaves_its_streams_and_threads(pair):
+    """vLLM's worker reseeds the global generators, replaces `torch.set_num_threads` and sets
+    `LOCAL_WORLD_SIZE` in the process it runs in; an in-process engine gives the trainer all three
+    back."""
+    import os
+    import random
+
+    import numpy as np
+
+    from distill.rollout.vllm_engine import VLLMEngine
+
+    student = pair[0]
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    expected = torch.rand(3), random.random(), np.random.rand()
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    set_num_threads, world = torch.set_num_threads, os.environ.get("LOCAL_WORLD_SIZE")
+    engine = VLLMEngine(student.name_or_path, torch.float32, SETTINGS)
+    try:
+        drawn = torch.rand(3), random.random(), np.random.rand()
+    finally:
+        engine.close()
+    assert torch.equal(drawn[0], expected[0]) and drawn[1:] == expected[1:]
+    assert torch.set_num_threads is set_num_threads and os.environ.get("LOCAL_WORLD_SIZE") == world
+
+
 def test_seeded_rows_repeat_and_do_not_depend_on_their_batch_mates(pair, engines):
     student, teacher, tokenizer, prompts = pair
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
@@ -161,11 +225,13 @@ def test_sampled_tokens_follow_the_filtered_distribution(pair, engines):
         assert 0.5 * float((freq - probs).abs().sum()) < 0.05, sampler.engine
 
 
-def twenty_steps(student, tokenizer, prompts, engines, new_tokens: int, lr: float) -> tuple[list, int, float]:
-    """20 AdamW steps of `student` on its own vLLM rollouts (cross-entropy on the completions),
-    loading its weights every step, then from step 14 every third (`sync_every` 3). Returns the
-    rollouts' logged lags, how many loads followed step 0's, and the largest gap between the engine's
-    log-probs of fresh samples after the last step and the trained student's own, in float32."""
+def twenty_steps(
+    student, tokenizer, prompts, engines, new_tokens: int, lr: float, sync_every: list[int]
+) -> tuple[list, int, float]:
+    """20 AdamW steps of `student` on its own vLLM rollouts (cross-entropy on the completions), the
+    weights loaded every `sync_every[step]` steps. Returns the rollouts' logged lags, how many loads
+    followed step 0's, and the largest gap between the engine's log-probs of fresh samples after the
+    last step and the trained student's own, in float32."""
     from dataclasses import replace
 
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
@@ -173,7 +239,7 @@ def twenty_steps(student, tokenizer, prompts, engines, new_tokens: int, lr: floa
     optimiser = torch.optim.AdamW(student.parameters(), lr=lr)
     settings, lags = engines.settings, []
     for step in range(20):
-        engines.settings = replace(settings, sync_every=1 if step < 14 else 3)
+        engines.settings = replace(settings, sync_every=sync_every[step])
         rollout = vllm.sample(student, student, ids, mask, seed=step, step=step)
         lags.append(rollout.policy_lag)
         if step == 0:  # the engine holds step 0's weights from here on
@@ -216,7 +282,9 @@ def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
     third, the lag logged between); after 20 steps the engine's log-probs of its samples are the
     trained student's own, recomputed here in float32, within 1e-4."""
     student, _, tokenizer, prompts = pair
-    lags, loads, worst = twenty_steps(student, tokenizer, prompts, engines, new_tokens=16, lr=3e-3)
+    lags, loads, worst = twenty_steps(
+        student, tokenizer, prompts, engines, new_tokens=16, lr=3e-3, sync_every=[1] * 14 + [3] * 6
+    )
     assert lags == [0] * 14 + [1, 2, 0, 1, 2, 0]  # from step 14, loaded at steps 16 and 19 only
     assert loads == 13 + 2  # steps 1-13, 16 and 19
     assert worst <= 1e-4, worst
@@ -225,8 +293,8 @@ def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
 @pytest.mark.slow
 def test_smollm2_s_engine_follows_twenty_optimiser_steps():
     """The same on SmolLM2-135M (`real:smollm2`, float32, tied embeddings: the reload must repack
-    the CPU backend's LM head, or its logits stay the old weights'), two chat prompts of 8 new
-    tokens a step: its own engine (about 30 s to start) and about two minutes of this CPU."""
+    the CPU backend's LM head, or its logits stay the old weights'): two plain prompts (15 and 17
+    tokens) of 8 new tokens a step, the weights loaded every fourth step."""
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
@@ -238,11 +306,13 @@ def test_smollm2_s_engine_follows_twenty_optimiser_steps():
     path = real.resolve("real:smollm2")
     tokenizer = load_tokenizer(path)
     student = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    prompts = PromptCollator(tokenizer, True)(get_task("countdown3").rows(2, seed=3))
-    engines = Engines(VLLMSettings(kv_cache_gb=0.5, max_model_len=512, enforce_eager=True))
+    prompts = PromptCollator(tokenizer, False)(get_task("countdown3").rows(2, seed=3))
+    engines = Engines(VLLMSettings(kv_cache_gb=0.5, max_model_len=512, enforce_eager=True, in_process=True))
     try:
-        lags, loads, worst = twenty_steps(student, tokenizer, prompts, engines, new_tokens=8, lr=1e-4)
+        lags, loads, worst = twenty_steps(
+            student, tokenizer, prompts, engines, new_tokens=8, lr=1e-4, sync_every=[4] * 20
+        )
     finally:
         engines.close()
-    assert lags == [0] * 14 + [1, 2, 0, 1, 2, 0] and loads == 13 + 2
+    assert lags == [0, 1, 2, 3] * 5 and loads == 4  # steps 4, 8, 12 and 16
     assert worst <= 1e-4, worst
