@@ -53,6 +53,8 @@ __all__ = [
     "Run",
     "decode",
     "decode_bytes_per_step",
+    "engine_bytes",
+    "engine_kv_tokens",
     "estimate",
     "grpo_runs",
     "kv_bytes",
@@ -61,6 +63,7 @@ __all__ = [
     "step_components",
     "step_peaks",
     "table",
+    "vllm_runs",
 ]
 
 GB = 1e9
@@ -93,12 +96,24 @@ class Run:
     nll_logit_budget_mb: float = 128.0  # distill.callbacks.forgetting.NLL_LOGIT_BUDGET_MB
     entropy_logits: int = 2**26  # distill.callbacks.task_evaluation.LOGIT_BUDGET
     loss_chunk_logits: int = 2**23  # distill.losses.chunked.CHUNK_ELEMENTS (positions = this // vocab)
+    # `data.engine: vllm` (distill.rollout.vllm_engine.VLLMSettings): each model that writes rows has
+    # an engine on this GPU (every rank its own); the native decoder still runs evaluation and the
+    # callbacks.
+    engine: str = "native"
+    gpu_gb: float = 80.0  # the GPU's memory in GiB, of which an engine takes gpu_memory_utilization
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gb: float | None = None  # GiB; instead of gpu_memory_utilization
+    sleep: bool = False  # engines asleep (weights in host memory, KV cache freed) outside rollouts
+    tensor_parallel_size: int = 1
+    engine_itemsize: int = FP32  # the student's engine (dtype auto: the float32 student's own)
 
     def __post_init__(self):
         if self.strategy not in ("single", "ddp", "fsdp"):
             raise ValueError(f"Run.strategy must be single, ddp or fsdp, got {self.strategy!r}")
         if self.strategy == "single" and self.world != 1:
             raise ValueError(f"Run.world must be 1 for strategy single, got {self.world}")
+        if self.engine not in ("native", "vllm"):
+            raise ValueError(f"Run.engine must be native or vllm, got {self.engine!r}")
 
 
 def kv_bytes(model: Architecture, rows: int, tokens: int, student: bool) -> int:
@@ -143,6 +158,31 @@ def decode_bytes_per_step(model: Architecture, rows: int, context: int, student:
     anew: the student reads its float32 weights and writes and reads their copies (8 B, not 2 B,
     per cast parameter)."""
     return BF16 * model.cast_params() + kv_bytes(model, rows, context, student)
+
+
+# vLLM's defaults for an engine's profiling pass (its activations' peak, before the KV cache is
+# sized): a batch of this many tokens, and sampling logits for this many sequences.
+ENGINE_BATCHED_TOKENS = 8192
+ENGINE_MAX_SEQS = 256
+
+
+def engine_kv_tokens(model: Architecture, kv_cache_bytes: int, itemsize: int, tensor_parallel_size: int = 1) -> int:
+    """Tokens (prompt and completion, every row together) an engine's KV cache of `kv_cache_bytes`
+    a GPU holds: keys and values in the engine's dtype, the KV heads split over its GPUs."""
+    return kv_cache_bytes * tensor_parallel_size // model.kv_bytes_per_token(itemsize, itemsize)
+
+
+def engine_bytes(model: Architecture, itemsize: int, run: Run) -> int:
+    """What one vLLM engine holds on each of its GPUs while awake. With `kv_cache_gb`: its share of
+    the weights, that KV cache, and the activations of vLLM's profiling pass (a prefill of
+    `ENGINE_BATCHED_TOKENS` tokens, whole, and float32 logits for `ENGINE_MAX_SEQS` rows). Else
+    vLLM sizes the KV cache to fill `gpu_memory_utilization` of the GPU, all of which it takes.
+    Not counted: CUDA graphs, the CUDA context."""
+    if run.kv_cache_gb is None:
+        return int(run.gpu_memory_utilization * run.gpu_gb * 2**30)
+    weights = itemsize * model.params() // run.tensor_parallel_size
+    profile = model.prefill_bytes(1, ENGINE_BATCHED_TOKENS) + FP32 * ENGINE_MAX_SEQS * model.vocab
+    return weights + int(run.kv_cache_gb * 2**30) + profile
 
 
 def step_components(run: Run) -> dict[str, int]:
@@ -204,10 +244,21 @@ def estimate(run: Run) -> dict[str, dict[str, int]]:
     # Sequence granularity decodes the teacher's rows and the student's apart.
     t_rows = math.ceil(run.teacher_share * run.rollout_rows) if run.teacher is not None else 0
     s_rows = run.rollout_rows - t_rows
-    decodes = [decode(s, s_rows, run.prompt_tokens, run.new_tokens, student=True)] if s_rows else []
-    if t_rows:
-        decodes.append(decode(run.teacher, t_rows, run.prompt_tokens, run.new_tokens))
-    c["rollout: KV cache, prefill, sampled logits"] = max(decodes)
+    if run.engine == "vllm":
+        # Each model that writes rows has its engine on this GPU, awake from its rollout on (asleep
+        # outside rollouts with `sleep`); the native decoder writes no training rows.
+        c["vLLM: student engine"] = engine_bytes(s, run.engine_itemsize, run) if s_rows else 0
+        t_engine = engine_bytes(run.teacher, run.frozen_itemsize, run) if t_rows else 0
+        c["vLLM: teacher engine"] = t_engine
+        c["rollout: KV cache, prefill, sampled logits"] = 0
+    else:
+        c["vLLM: student engine"] = c["vLLM: teacher engine"] = 0
+        decodes = [decode(s, s_rows, run.prompt_tokens, run.new_tokens, student=True)] if s_rows else []
+        if t_rows:
+            decodes.append(decode(run.teacher, t_rows, run.prompt_tokens, run.new_tokens))
+        c["rollout: KV cache, prefill, sampled logits"] = max(decodes)
+    engines = sum(v for k, v in c.items() if k.startswith("vLLM:"))
+    awake = 0 if run.sleep else engines  # outside the rollouts
 
     c["step: gradients"] = FP32 * p // n
     # Autograd saves each linear's bf16 weight copy for backward (whole under FSDP2: the copies
@@ -249,10 +300,10 @@ def estimate(run: Run) -> dict[str, dict[str, int]]:
 
     outside = resident + gathered
     phases = {
-        "rollout": outside + c["rollout: KV cache, prefill, sampled logits"],
-        "step": resident + step,
-        "evaluation": outside + max(eval_decode, c["evaluation: scoring"]),
-        "callbacks": outside + callbacks,
+        "rollout": outside + engines + c["rollout: KV cache, prefill, sampled logits"],
+        "step": resident + awake + step,
+        "evaluation": outside + awake + max(eval_decode, c["evaluation: scoring"]),
+        "callbacks": outside + awake + callbacks,
     }
     phases["peak"] = max(phases.values())
     return {"components": c, "phases": phases}
@@ -286,6 +337,22 @@ def grpo_runs() -> dict[str, Run]:
     }
 
 
+def vllm_runs() -> dict[str, Run]:
+    """configs/paper/llama_base.yaml on one 80 GB GPU with `data.engine: vllm`, at mix 1 (the
+    teacher's engine writes every row) and at mix 0 (the student's): each engine setting's cost."""
+    teacher = Run(LLAMA_1B, LLAMA_8B, teacher_share=1.0, engine="vllm")
+    student = replace(teacher, teacher_share=0.0)
+    return {
+        "native, mix 1": replace(teacher, engine="native"),
+        "mix 1, 0.3 of the GPU": teacher,
+        "mix 1, 0.3, sleep": replace(teacher, sleep=True),
+        "mix 1, 8 GiB KV, sleep": replace(teacher, kv_cache_gb=8.0, sleep=True),
+        "mix 1, 8 GiB KV, TP 2": replace(teacher, kv_cache_gb=8.0, tensor_parallel_size=2),
+        "mix 0, 8 GiB KV": replace(student, kv_cache_gb=8.0),
+        "mix 0, 8 GiB KV, bf16": replace(student, kv_cache_gb=8.0, engine_itemsize=BF16),
+    }
+
+
 LABELS = {
     "student weights": "student, fp32",
     "AdamW moments": "AdamW m and v, fp32",
@@ -293,6 +360,8 @@ LABELS = {
     "step: bf16 weight copies saved for backward": "step: bf16 weight copies saved for backward (whole under FSDP2)",
     "FSDP2 gathered student": "FSDP2: the student gathered whole, outside the step",
     "rollout: KV cache, prefill, sampled logits": "rollout: KV caches, prefill, sampled logits",
+    "vLLM: student engine": "vLLM: the student's engine",
+    "vLLM: teacher engine": "vLLM: the teacher's engine",
     "step: logits": "step: logits (both models, bf16; freed by the loss's backward)",
     "step: loss gradient": "step: the loss's gradient w.r.t. the student's logits",
     "step: GradientStats float32 copy": "step: `GradientStats`' float32 gradient copy (every 10th step)",
@@ -325,6 +394,10 @@ def readme_tables() -> str:
         (
             "GRPO on 1 GPU (grpo_llama.yaml, grpo_qwen.yaml; the reference is the starting policy)",
             grpo_runs(),
+        ),
+        (
+            "Llama-3.1-8B → Llama-3.2-1B on 1 GPU of 80 GiB with `data.engine: vllm` (docs/vllm.md)",
+            vllm_runs(),
         ),
     )
     return "\n\n".join(f"{title}:\n\n{table(runs)}" for title, runs in sections) + "\n"
