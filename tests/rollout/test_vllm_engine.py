@@ -31,7 +31,9 @@ PROXY = "test_the_engine_s_tests_pass_in_the_vllm_environment"
 needs_vllm = pytest.mark.skipif(
     not VLLM_HERE, reason=f"vLLM is not installed here; {PROXY} runs this test with {VLLM_PYTHON}"
 )
-EARLY_JOBS_LAST = True  # the vLLM job fills the cores the other early jobs leave (tests/conftest.py)
+# Among the early jobs (tests/conftest.py): after the short fits whose tests resume them in the main
+# thread, before the real pipeline's; queued last, it ran alone at the session's end.
+EARLY_ORDER = 2
 SETTINGS = VLLMSettings(kv_cache_gb=0.25, max_model_len=256, enforce_eager=True, in_process=True)
 
 
@@ -198,6 +200,19 @@ def test_an_engine_started_in_the_trainers_process_leaves_its_streams_and_thread
 
 
 @needs_vllm
+def test_the_kv_cache_holds_the_tokens_the_memory_formula_says(pair, engines):
+    """`distill.memory.engine_kv_tokens` (docs/gpus-and-memory.md) against the blocks vLLM made of
+    `kv_cache_gb` for each model: equal to within one block."""
+    from distill.memory import FP32, Architecture, engine_kv_tokens
+
+    for role, model in zip(("student", "teacher"), pair[:2]):
+        engine = engines.engine(role, model)
+        cache = engine.llm.llm_engine.vllm_config.cache_config
+        tokens = engine_kv_tokens(Architecture.from_config(model.config), int(0.25 * 2**30), FP32)
+        assert 0 <= tokens - cache.num_gpu_blocks * cache.block_size < cache.block_size, role
+
+
+@needs_vllm
 def test_seeded_rows_repeat_and_do_not_depend_on_their_batch_mates(pair, engines):
     student, teacher, tokenizer, prompts = pair
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
@@ -212,6 +227,28 @@ def test_seeded_rows_repeat_and_do_not_depend_on_their_batch_mates(pair, engines
     )
     written = first.input_ids[0][first.completion_mask[0]]
     assert torch.equal(alone.input_ids[0][alone.completion_mask[0]], written)
+
+
+@needs_vllm
+def test_the_teachers_engine_rows_are_cached_across_runs_apart_from_the_native_decoders(
+    pair, engines, tmp_path
+):
+    """Mix 1, seeded, a cache directory as a sweep shares it: a second run's sampler reads every
+    teacher row from the cache (the engine decodes none), token for token the first run's; a native
+    sampler on the same cache reads none of them (another engine's rows for the same seed)."""
+    student, teacher, tokenizer, prompts = pair
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    settings = dict(mix=1.0, temperature=1.0, max_new_tokens=24, cache_dir=str(tmp_path))
+    first, again = (
+        RolloutSampler(**settings, engine="vllm", vllm=SETTINGS).use_tokenizer(tokenizer) for _ in range(2)
+    )
+    first.engines = again.engines = engines
+    written = first.sample(student, teacher, ids, mask, seed=3)
+    read = again.sample(student, teacher, ids, mask, seed=3)
+    assert (written.cached_teacher_rows, read.cached_teacher_rows) == (0, len(ids))
+    assert torch.equal(written.input_ids, read.input_ids) and read.teacher_forward_tokens == 0
+    native = RolloutSampler(**settings).use_tokenizer(tokenizer)
+    assert native.sample(student, teacher, ids, mask, seed=3).cached_teacher_rows == 0
 
 
 @needs_vllm
@@ -389,15 +426,16 @@ def _fit(config: str, run_dir, *args: str):
 @needs_vllm
 def test_a_distillation_fit_samples_both_models_rows_on_their_engines(tmp_path):
     """configs/tiny/base.yaml at mix 0.5, sequence granularity, every measurement callback: the
-    teacher's rows and the student's come from engines in processes of their own (the default), the
-    student's loaded after every optimiser step."""
+    teacher's rows and the student's come from two engines in this fit's process, the student's
+    loaded after every optimiser step."""
     from distill.models.tiny_world import committed_build
     from distill.models.tiny_world_recipes import V3
 
     teacher = str(committed_build(V3) / "teacher")
     record, scalars = _fit(
-        "configs/tiny/base.yaml", tmp_path / "run", "--data.mix", "0.5", "--model.init_args.teacher", teacher
-    )
+        "configs/tiny/base.yaml", tmp_path / "run", "--data.mix", "0.5", "--model.init_args.teacher", teacher,
+        "--data.vllm.in_process", "true",
+    )  # fmt: skip
     metrics = record["metrics"]
     assert scalars["train/policy_lag"] == [0.0] * 6
     assert metrics["cost/student_generated_tokens"] > 0 and metrics["cost/teacher_generated_tokens"] > 0
@@ -408,12 +446,11 @@ def test_a_distillation_fit_samples_both_models_rows_on_their_engines(tmp_path):
 @pytest.mark.slow
 @needs_vllm
 def test_grpo_samples_its_groups_on_the_policy_s_engine(tmp_path):
-    """configs/tiny/grpo_countdown.yaml: groups of 3 from an engine in this fit's process, the policy's
-    weights loaded every third optimiser step (two steps a rollout batch: lags 0, 2, 0)."""
-    record, scalars = _fit(
-        "configs/tiny/grpo_countdown.yaml", tmp_path / "run", "--data.group_size", "3",
-        "--data.vllm.in_process", "true", "--data.vllm.sync_every", "3",
-    )  # fmt: skip
+    """configs/tiny/grpo_countdown.yaml: groups of 3 from an engine in processes of its own (the
+    default), the policy's weights loaded every third optimiser step (two steps a rollout batch:
+    lags 0, 2, 0)."""
+    grpo = ("--data.group_size", "3", "--data.vllm.sync_every", "3")
+    record, scalars = _fit("configs/tiny/grpo_countdown.yaml", tmp_path / "run", *grpo)
     assert scalars["train/policy_lag"] == [0.0, 2.0, 0.0]
     assert "train/reward_mean" in record["metrics"] and "test/countdown3/accuracy" in record["metrics"]
 
