@@ -23,6 +23,9 @@ os.environ["DISTILL_COMPILE"] = "0"
 torch.set_num_threads(1)
 
 
+TIMELINE = os.environ.get("DISTILL_TEST_TIMELINE")
+
+
 class Cores:
     """Runs the suite's subprocesses (fits of one thread a rank) on the machine's cores, never more
     at once than there are cores. The main thread, which runs the in-process tests, holds one core
@@ -39,10 +42,14 @@ class Cores:
         self.jobs: dict[str, Job] = {}  # by name: what `start_early` started
         self.started = False
 
-    def _take(self, k: int) -> None:
+    def _take(self, k: int, first: bool = False) -> None:
+        """Wait for `k` free cores, in turn (`first`: ahead of every waiting job)."""
         ticket = object()
         with self.changed:
-            self.queue.append(ticket)
+            if first:
+                self.queue.appendleft(ticket)
+            else:
+                self.queue.append(ticket)
             self.changed.wait_for(lambda: self.queue[0] is ticket and self.free >= k)
             self.queue.popleft()
             self.free -= k
@@ -56,9 +63,14 @@ class Cores:
     @contextmanager
     def held(self, k: int = 1):
         """Hold `k` cores (all of them at most) while the block runs; in the main thread, its own
-        core counts among them."""
+        core counts among them: one core is that core, kept, and a core it lent comes back to it
+        ahead of the waiting jobs (in turn with them, a main thread whose job had ended waited
+        minutes for a core a long job had taken)."""
         k = min(k, self.n)
         main = threading.current_thread() is threading.main_thread()
+        if main and k == 1:
+            yield
+            return
         if main:
             self._give(1)
         if k:  # lending a core needs no turn in the queue
@@ -68,13 +80,16 @@ class Cores:
         finally:
             self._give(k)
             if main:
-                self._take(1)
+                self._take(1, first=True)
 
     def result(self, job):
         """A job's result (`ahead`), the main thread's core lent while it waits: a main thread
         that waited holding it could wait forever for a job that needs both cores."""
+        future = job.future if isinstance(job, Job) else job
+        if future.done():
+            return future.result()
         with self.held(0):
-            return (job.future if isinstance(job, Job) else job).result()
+            return future.result()
 
     def run(self, command: list[str], cores: int = 1, **kwargs) -> subprocess.CompletedProcess:
         """`subprocess.run(command, **kwargs)` (output captured as text) once `cores` are free; the
@@ -85,16 +100,24 @@ class Cores:
         done.seconds = time.monotonic() - start
         return done
 
-    def ahead(self, command, cores: int = 1, **kwargs) -> Job:
+    def ahead(self, command, cores: int = 1, name: str = "", **kwargs) -> Job:
         """`run` in the background (or, for a callable, `command()` holding `cores`; it runs its
         processes itself, not through `run`): a `Job`, whose `result()` waits for it."""
         if callable(command):
-            return Job(self, self.pool.submit(self._call, command, cores))
-        return Job(self, self.pool.submit(self.run, command, cores, **kwargs))
+            return Job(self, self.pool.submit(self._call, command, cores, name))
+        return Job(self, self.pool.submit(self._call, lambda: self.run(command, 0, **kwargs), cores, name))
 
-    def _call(self, work, cores: int):
+    def _call(self, work, cores: int, name: str = ""):
+        queued = time.monotonic()
         with self.held(cores):
-            return work()
+            started = time.monotonic()
+            try:
+                return work()
+            finally:
+                if TIMELINE:  # DISTILL_TEST_TIMELINE=file: when each job queued, started and ended
+                    with open(TIMELINE, "a") as out:
+                        ended = time.monotonic()
+                        out.write(f"{name or work} cores={cores} queued={queued:.1f} started={started:.1f} ended={ended:.1f}\n")
 
 
 class Job:
@@ -116,17 +139,24 @@ def cores():
 
 
 def _phase(item) -> int:
-    """0: tests that keep both cores busy themselves (`cores` marker); 1: the rest; 2: the modules
-    whose slow fits start early (`early_jobs`)."""
-    if hasattr(getattr(item, "module", None), "early_jobs"):
-        return 2
-    return 0 if item.get_closest_marker("cores") else 1
+    """0: tests that keep both cores busy themselves (`cores` marker); 1: the rest; 2: the tests that
+    read a fit started early (`early`): last, so that those fits have the session to run in."""
+    if item.get_closest_marker("cores"):
+        return 0
+    return 2 if "early" in getattr(item, "fixturenames", ()) else 1
+
+
+def _early_order(module) -> int:
+    """A module's place among those with early jobs (`EARLY_ORDER`, lower first; 0 by default): its
+    one-core jobs queue in this order, and its tests that read them run in it."""
+    return getattr(module, "EARLY_ORDER", 0)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that keep both cores busy run first, alone; the modules whose slow fits start early
-    run last, so that those fits have the rest of the session to run beside the in-process tests."""
-    items.sort(key=_phase)
+    """Tests that keep both cores busy run first, alone; the tests that read fits started early run
+    last, so that those fits have the rest of the session to run beside the in-process tests, in
+    the order their fits were queued."""
+    items.sort(key=lambda item: (_phase(item), _early_order(item.module) if _phase(item) == 2 else 0))
 
 
 @pytest.fixture(autouse=True)
@@ -160,9 +190,8 @@ def start_early(request, cores) -> None:
     """Starts the slow fits of the selected tests: a test module's
     `early_jobs(request, selected) -> {name: (command or callable, cores, subprocess kwargs)}`
     names them, and its tests read them with the `early` fixture. One-core jobs go
-    first (they run beside the in-process tests), then those that need both cores (they run when
-    the main thread waits); a module that sets `EARLY_JOBS_LAST` queues its jobs behind all
-    others (they fill the cores the others leave and no other test waits for them)."""
+    first (they run beside the in-process tests), in their modules' `EARLY_ORDER`, then those that
+    need both cores (they run when the main thread waits)."""
     cores.started = True
     selected: dict = {}
     for item in request.session.items:
@@ -170,10 +199,10 @@ def start_early(request, cores) -> None:
     specs = []
     for module, names in selected.items():
         if hasattr(module, "early_jobs"):
-            last = getattr(module, "EARLY_JOBS_LAST", False)
-            specs += [(last, name, spec) for name, spec in module.early_jobs(request, set(names)).items()]
-    for _, name, (command, n, kwargs) in sorted(specs, key=lambda spec: (spec[0], spec[2][1] > 1)):
-        cores.jobs[name] = cores.ahead(command, n, **kwargs)
+            order = _early_order(module)
+            specs += [(order, name, spec) for name, spec in module.early_jobs(request, set(names)).items()]
+    for _, name, (command, n, kwargs) in sorted(specs, key=lambda spec: (spec[2][1] > 1, spec[0])):
+        cores.jobs[name] = cores.ahead(command, n, name=name, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -121,8 +121,7 @@ def test_a_real_shape_model_is_never_built_on_the_cpu(tmp_path):
         AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained = originals
 
 
-@pytest.mark.slow
-@pytest.mark.cores(2)
+@pytest.mark.slow  # one process at a time: the test's own core (no `cores(2)`)
 def test_a_toy_run_reports_every_phase_callback_and_speed(tmp_path):
     """Three processes (decode, base, GRPO; 30 s on 2 idle cores). The DDP and FSDP2 jobs are the
     base job's fit on 2 ranks: the dry run above checks their plan; 2-rank updates under each

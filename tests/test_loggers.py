@@ -199,6 +199,9 @@ TIMING = ("cost/wall_s", "cost/time/")  # wall-clock figures differ between any 
 
 
 RESUMED = "test_a_resumed_run_continues_each_loggers_run_without_a_step_twice"
+# First among the early jobs (tests/conftest.py): two short fits, whose test then resumes one in the
+# main thread while the longer jobs run.
+EARLY_ORDER = 0
 SESSION: dict = {}  # where `early_jobs` put the resumed test's two first fits
 
 

@@ -79,6 +79,9 @@ TIMING = ("cost/wall_s", "cost/time/")
 # The fits' environment and each early fit's run directory, made once a session: by `early_jobs`
 # when this module's tests are selected, else by the first test that asks.
 SESSION: dict = {"env": None, "runs": {}}
+# After the loggers' fits among the early jobs (tests/conftest.py); its tests resume them in the
+# main thread while the vLLM file and the real pipeline run.
+EARLY_ORDER = 1
 
 
 def fits_env(request) -> dict:
@@ -501,9 +504,8 @@ def test_a_run_dir_that_is_a_file_or_cannot_be_written_is_one_line(tmp_path, ref
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(
-    cores, tmp_path, env, monkeypatch, capsys
-):
+@pytest.mark.cores(2)  # a fit in this process, on its two threads
+def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(tmp_path, env, monkeypatch, capsys):
     """The checkpoint of step 4 cannot be written (ENOSPC): one line that says so and where the run
     stands; step 2's checkpoint is whole, and the run resumes from it."""
     from distill.lightning_cli import run_lightning_cli
@@ -521,7 +523,7 @@ def test_a_full_disk_is_one_line_a_status_record_and_an_intact_checkpoint(
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", full_after_step_2)
     run = tmp_path / "run"
-    with cores.held(2), pytest.raises(SystemExit) as exit_info:  # this process's two threads
+    with pytest.raises(SystemExit) as exit_info:
         run_lightning_cli(
             ["fit", "--config", env["SHORT"], "--run_dir", str(run), "--trainer.max_steps", "5"]
         )

@@ -19,6 +19,8 @@ from distill.models import real
 from distill.models.loading import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
+# Last of the one-core early jobs (tests/conftest.py): the longest, and its tests only read it.
+EARLY_ORDER = 3
 CONFIG = ROOT / "configs" / "real" / "smollm2.yaml"
 STOPPED = "mix=1,trainer.precision=bf16-mixed"  # the run SIGTERM stops after step 1
 
@@ -206,12 +208,14 @@ def test_grpo_from_a_distilled_real_student(swept):
     assert json.loads((run / "env.json").read_text())["models"]["student"]["path"] == str(student)
 
 
-def test_a_two_rank_ddp_fit_of_the_real_pair(cores, tmp_path):
+# No `cores(2)`: its two ranks keep 0.8 of a core busy between them (they wait on each other), so
+# the test's own core is enough; beside a background job it leaves neither core idle.
+def test_a_two_rank_ddp_fit_of_the_real_pair(tmp_path):
     run = tmp_path / "run"
     ddp = ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=1", "--trainer.max_steps=1"]
     ddp += ["--trainer.val_check_interval=1", "--run_dir", str(run)]
     fit = distill("fit", "--config", str(short_config(tmp_path)), *ddp)
-    done = cores.run(fit, 2, cwd=ROOT, env=environment(), timeout=900)
+    done = subprocess.run(fit, cwd=ROOT, env=environment(), timeout=900, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((run / "metrics.json").read_text())
     assert record["status"] == "finished" and record["metrics"]["train/reverse_kl"] > 0
