@@ -29,7 +29,8 @@ TIMELINE = os.environ.get("DISTILL_TEST_TIMELINE")
 class Cores:
     """Runs the suite's subprocesses (fits of one thread a rank) on the machine's cores, never more
     at once than there are cores. The main thread, which runs the in-process tests, holds one core
-    while it works and lends it while it waits (`result`, `run`, `held`), so a module's slow fits
+    while it works, its one-core subprocesses included, and lends it while it waits for a job
+    (`result`, `held(0)`) or adds it to a two-core hold (`run`, `held`), so a module's slow fits
     can start early (`start_early`) and run beside the quick in-process tests that come before them. A
     job holds a core per process it runs; the cores go first come, first served, so that a job
     that needs both is not passed over forever by one-core jobs."""
