@@ -257,7 +257,7 @@ def estimate(run: Run) -> dict[str, dict[str, int]]:
         if t_rows:
             decodes.append(decode(run.teacher, t_rows, run.prompt_tokens, run.new_tokens))
         c["rollout: KV cache, prefill, sampled logits"] = max(decodes)
-    engines = sum(v for k, v in c.items() if k.startswith("vLLM:"))
+    engines = c["vLLM: student engine"] + c["vLLM: teacher engine"]
     awake = 0 if run.sleep else engines  # outside the rollouts
 
     c["step: gradients"] = FP32 * p // n

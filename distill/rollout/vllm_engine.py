@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from distill.checks import check_int, is_number
+from distill.parallel import full_tensor
 
 ENGINES = ("native", "vllm")
 INSTALL = (
@@ -301,10 +302,10 @@ class VLLMEngine:
         model is sharded), through a safetensors file in shared memory."""
         from safetensors.torch import save_file
 
-        state = {}
-        for name, value in model.state_dict().items():
-            value = value.full_tensor() if hasattr(value, "full_tensor") else value  # FSDP2 shards
-            state[name] = value.detach().to("cpu").contiguous()
+        state = {  # FSDP2 shards gathered whole
+            name: full_tensor(value).detach().to("cpu").contiguous()
+            for name, value in model.state_dict().items()
+        }
         if getattr(model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # the embedding itself; safetensors refuses shared storage
         folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
