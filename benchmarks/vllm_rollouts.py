@@ -27,6 +27,7 @@ process, and an in-process engine decodes on the trainer's one thread.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -54,19 +55,28 @@ def prompts(tokenizer, chat: bool, n: int, seed: int = 0):
     return PromptCollator(tokenizer, chat)(get_task("countdown3").rows(n, seed=seed))
 
 
-def samplers(tokenizer, longest: int, **settings) -> dict:
+def samplers(tokenizer, name: str, **settings) -> dict:
+    """The three contenders' samplers, each with `settings`, for the pair `name`."""
     from distill.rollout import RolloutSampler
     from distill.rollout.vllm_engine import VLLMSettings
 
+    longest = 256 if name == "tiny" else 1024  # the tiny world's positions end at 256
     vllm = VLLMSettings(kv_cache_gb=1.0, max_model_len=longest, enforce_eager=True)
     chosen = {
         "native": {},
         "vllm": {"engine": "vllm", "vllm": vllm},
-        "vllm in process": {"engine": "vllm", "vllm": VLLMSettings(**{**vllm.__dict__, "in_process": True})},
+        "vllm in process": {"engine": "vllm", "vllm": dataclasses.replace(vllm, in_process=True)},
     }
     return {
-        name: RolloutSampler(mix=0.0, **settings, **extra).use_tokenizer(tokenizer) for name, extra in chosen.items()
+        engine: RolloutSampler(mix=0.0, **settings, **extra).use_tokenizer(tokenizer)
+        for engine, extra in chosen.items()
     }
+
+
+def close(contenders: dict) -> None:
+    for sampler in contenders.values():
+        if sampler.engines is not None:
+            sampler.engines.close()
 
 
 def rollouts(name: str, args) -> None:
@@ -78,8 +88,7 @@ def rollouts(name: str, args) -> None:
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     enc = prompts(tokenizer, name != "tiny", args.batch)
-    longest = 256 if name == "tiny" else 1024  # the tiny world's positions end at 256
-    contenders = samplers(tokenizer, longest, temperature=0.0, max_new_tokens=args.new)
+    contenders = samplers(tokenizer, name, temperature=0.0, max_new_tokens=args.new)
     speed = {engine: [] for engine in contenders}
     rows = {}
     for round_ in range(args.rounds + 1):
@@ -94,10 +103,10 @@ def rollouts(name: str, args) -> None:
     for engine in contenders:
         median = statistics.median(speed[engine])
         same = bool(torch.equal(rows["native"], rows[engine]))
-        print(f"{name:8} rollouts  {engine:16} {median:10.1f} tok/s {median / native:7.2f}x  same rows: {same}")
-    for sampler in contenders.values():
-        if sampler.engines is not None:
-            sampler.engines.close()
+        print(
+            f"{name:8} rollouts  {engine:16} {median:10.1f} tok/s {median / native:7.2f}x  same rows: {same}"
+        )
+    close(contenders)
 
 
 def steps(name: str, args) -> None:
@@ -110,8 +119,7 @@ def steps(name: str, args) -> None:
     tokenizer = load_tokenizer(student_path)
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=torch.float32).eval()
     enc = prompts(tokenizer, False, args.step_batch, seed=1)
-    longest = 256 if name == "tiny" else 1024
-    contenders = samplers(tokenizer, longest, temperature=1.0, max_new_tokens=args.new)
+    contenders = samplers(tokenizer, name, temperature=1.0, max_new_tokens=args.new)
     # One student per engine, each trained by its own rollouts: an engine's weight loads are part
     # of its steps.
     students = {
@@ -144,9 +152,7 @@ def steps(name: str, args) -> None:
     for engine in contenders:
         median = statistics.median(seconds[engine])
         print(f"{name:8} step      {engine:16} {median:10.2f} s/step {native / median:6.2f}x")
-    for sampler in contenders.values():
-        if sampler.engines is not None:
-            sampler.engines.close()
+    close(contenders)
 
 
 def main() -> None:
